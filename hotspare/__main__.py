@@ -1,0 +1,5 @@
+import sys
+
+from hotspare.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,165 @@
+"""The node agent: spawns and supervises worker and spare processes on one host.
+
+It owns the processes (so it sees an exit the moment it happens), the control connections of
+its workers (JSON lines over TCP, see ``hotspare.protocol``), and fault injection (real signals).
+Everything it observes becomes an event on the coordinator's queue; the coordinator answers by
+calling ``spawn``, ``send`` and ``kill``. In ``hotspare run`` both live in the launcher process;
+the interface is the same messages a remote agent would carry.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hotspare.agent.inject import Fault, Injector
+from hotspare.errors import ProtocolError
+from hotspare.protocol.channel import Channel
+
+Event = tuple[str, str, Any, float]       # (kind, worker, payload, time)
+
+
+@dataclass
+class WorkerProc:
+    worker: str
+    role: str
+    proc: subprocess.Popen
+    started: float
+    channel: Channel | None = None
+    rank: int | None = None
+    last_step: int | None = None
+    exit_code: int | None = None
+    injected: list[tuple[Fault, float]] = field(default_factory=list)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class NodeAgent:
+    def __init__(self, cmd: list[str], base_env: dict[str, str], events: "queue.Queue[Event]",
+                 injector: Injector | None = None, host: str = "127.0.0.1", log_dir: str | None = None):
+        self.cmd = cmd
+        self.base_env = base_env
+        self.events = events
+        self.injector = injector or Injector([])
+        self.host = host
+        self.log_dir = log_dir
+        self.workers: dict[str, WorkerProc] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._server = socket.create_server((host, 0))
+        self.port = self._server.getsockname()[1]
+        threading.Thread(target=self._accept, name="agent-accept", daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # ------------------------------------------------------------------ processes
+    def spawn(self, role: str, rank: int | None = None, world_size: int | None = None) -> str:
+        worker = f"w{next(self._ids)}"
+        env = dict(self.base_env)
+        env.update(HOTSPARE_AGENT=self.address, HOTSPARE_WORKER_ID=worker, HOTSPARE_ROLE=role)
+        if rank is not None:
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank))
+        else:
+            env.update(RANK="-1", LOCAL_RANK="-1")
+        # Each worker leads its own process group so a fence can kill its children too.
+        proc = subprocess.Popen(self.cmd, env=env, start_new_session=True)
+        wp = WorkerProc(worker, role, proc, time.time(), rank=rank)
+        with self._lock:
+            self.workers[worker] = wp
+        threading.Thread(target=self._wait, args=(wp,), name=f"wait-{worker}", daemon=True).start()
+        return worker
+
+    def _wait(self, wp: WorkerProc) -> None:
+        code = wp.proc.wait()
+        wp.exit_code = code
+        self.events.put(("exit", wp.worker, code, time.time()))
+
+    def kill(self, worker: str, sig: signal.Signals = signal.SIGKILL, group: bool = True) -> float:
+        wp = self.workers[worker]
+        t = time.time()
+        try:
+            if group:
+                os.killpg(wp.proc.pid, sig)
+            else:
+                os.kill(wp.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        return t
+
+    def alive(self) -> list[str]:
+        with self._lock:
+            return [w for w, wp in self.workers.items() if wp.exit_code is None]
+
+    def shutdown(self, grace: float = 5.0) -> None:
+        """Wait up to ``grace`` seconds for workers to exit, then SIGKILL the rest."""
+        deadline = time.time() + grace
+        for w in self.alive():
+            wp = self.workers[w]
+            try:
+                wp.proc.wait(timeout=max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                self.kill(w)
+                wp.proc.wait()
+        self._server.close()
+
+    # ------------------------------------------------------------------ control channels
+    def send(self, worker: str, msg: dict[str, Any]) -> bool:
+        wp = self.workers.get(worker)
+        if wp is None or wp.channel is None:
+            return False
+        try:
+            wp.channel.send(msg)
+            return True
+        except OSError:
+            return False
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(Channel(sock),), daemon=True).start()
+
+    def _serve(self, ch: Channel) -> None:
+        wp = None
+        try:
+            hello = ch.recv()
+            if hello is None or hello["type"] != "hello" or hello["worker"] not in self.workers:
+                raise ProtocolError(f"expected a hello from a worker of this agent, got {hello}")
+            wp = self.workers[hello["worker"]]
+            wp.channel = ch
+            while True:
+                msg = ch.recv()
+                if msg is None:
+                    return
+                now = time.time()
+                if msg["type"] == "step":
+                    wp.rank, wp.last_step = msg["rank"], msg["step"]
+                    fault = self.injector.due(msg["rank"], msg["step"])
+                    if fault is not None:
+                        wp.injected.append((fault, self.kill(wp.worker, fault.signal)))
+                        self.events.put(("injected", wp.worker, fault, now))
+                self.events.put(("msg", wp.worker, msg, now))
+        except (OSError, ProtocolError) as e:
+            # A bad message drops that connection only; the job goes on.
+            print(f"hotspare agent: dropping control connection of {wp.worker if wp else '?'}: {e}",
+                  file=sys.stderr, flush=True)
+            ch.close()

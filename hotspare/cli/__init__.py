@@ -1,0 +1,1 @@
+"""Thin command-line edges. Nothing else in hotspare imports this package."""

@@ -1,0 +1,208 @@
+"""The coordinator: membership, generations, the spare pool and recovery, driven by events.
+
+One thread consumes the agent's event queue in order. Each event becomes either bookkeeping
+(heartbeats, commits: the ledger) or a ``Signal`` for the pure policy: ``observe`` records it,
+``decide`` returns actions and a reason, the coordinator executes them and ``apply`` records
+their effect. Every control message it sends carries the generation, so stale ones are refused.
+"""
+from __future__ import annotations
+
+import queue
+import sys
+import time
+from typing import Any, Callable
+
+from hotspare.agent import NodeAgent, describe_exit
+from hotspare.coordinator.ledger import FailureRecord, Ledger
+from hotspare.errors import ProtocolError
+from hotspare.policy import decide as policy
+from hotspare.protocol.messages import make
+
+
+def _fmt_ranks(ranks) -> str:
+    return ",".join(map(str, ranks))
+
+
+class Coordinator:
+    def __init__(self, agent: NodeAgent, events: "queue.Queue", view: policy.ClusterView,
+                 ledger: Ledger, log: Callable[[str], None] = print, log_every: int = 0):
+        self.agent, self.events, self.view, self.ledger = agent, events, view, ledger
+        self.log = log
+        self.log_every = log_every
+        self.injected_at: dict[str, tuple[Any, float]] = {}
+        self.exit_code: int | None = None
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> None:
+        for rank in range(self.view.world_size):
+            self.agent.spawn("active", rank=rank)
+        self._execute(policy.StartSpares(self.view.target_spares))
+
+    def run(self, poll: float = 0.5) -> int:
+        while True:
+            try:
+                kind, worker, payload, t = self.events.get(timeout=poll)
+            except queue.Empty:
+                kind = None
+            if kind is not None:
+                self._handle(kind, worker, payload, t)
+            if self.view.phase in ("finished", "stopped") and not self.agent.alive():
+                break
+        return self.exit_code if self.exit_code is not None else 1
+
+    # ------------------------------------------------------------------ events
+    def _handle(self, kind: str, worker: str, payload: Any, t: float) -> None:
+        if kind == "injected":
+            wp = self.agent.workers[worker]
+            self.injected_at[worker] = (payload, t)
+            self.log(f"FAULT   injected {payload} -> {payload.signal.name} to worker {worker} (pid {wp.proc.pid})")
+            return
+        if kind == "exit":
+            desc = describe_exit(payload)
+            self._member_lost(worker, desc, payload, t)
+            self._signal(policy.WorkerExited(worker, payload, desc), t)
+            return
+        msg = payload
+        try:
+            sig = self._to_signal(worker, msg, t)
+        except (KeyError, ProtocolError) as e:
+            print(f"hotspare: ignoring bad message from {worker}: {e}", file=sys.stderr)
+            return
+        if sig is not None:
+            self._signal(sig, t)
+
+    def _to_signal(self, worker: str, msg: dict[str, Any], t: float) -> policy.Signal | None:
+        kind = msg["type"]
+        if kind == "ready":
+            wp = self.agent.workers[worker]
+            if self.view.phase in ("finished", "stopped"):
+                self.agent.send(worker, make("release", reason=f"job {self.view.phase}"))
+                return None
+            return policy.WorkerReady(worker, wp.role, wp.rank if wp.role == "active" else None)
+        if kind == "commit":
+            if msg["gen"] != self.view.generation:
+                return None             # stale: a commit of a generation already replaced
+            self._on_commit(msg, t)
+            return None
+        if kind == "step":
+            if self.ledger.total_steps is None and isinstance(msg.get("total"), int):
+                self.ledger.total_steps = msg["total"]
+            return None
+        if kind == "joined":
+            self._on_joined(msg, t)
+            return None
+        if kind == "failed":
+            return policy.StepFailed(worker, msg["rank"], msg["gen"], msg["committed"], msg["error"])
+        if kind == "crash":
+            self.log(f"ERROR   rank {msg['rank']} ({worker}) raised at step {msg['step']}: {msg['error'][:200]}")
+            return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"])
+        if kind == "done":
+            self.ledger.digests[msg["rank"]] = msg["digest"]
+            return policy.Done(worker, msg["rank"], msg["gen"], msg["step"], msg["digest"])
+        raise ProtocolError(f"unexpected {kind!r} from a worker")
+
+    def _signal(self, sig: policy.Signal, t: float) -> None:
+        policy.observe(self.view, sig)
+        decision = policy.decide(self.view, sig, t)
+        for action in decision.actions:
+            self._execute(action, decision.reason, t)
+            policy.apply(self.view, action)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _on_commit(self, msg: dict[str, Any], t: float) -> None:
+        rank, step = msg["rank"], msg["step"]
+        recovered = self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t)
+        if recovered:
+            for f in self.ledger.failures:
+                if f.generation == msg["gen"] and f.first_commit_at == t:
+                    self.log(f"RESUMED rank {f.rank} -> {f.replacement or f.worker}: state of step "
+                             f"{f.target_step} ({f.bytes_transferred / 1e6:.1f} MB in {f.transfer_s * 1000:.0f} ms) "
+                             f"from rank {f.source_rank}; first step committed; downtime "
+                             f"{f.first_commit_at - f.start:.2f} s, lost steps {f.lost_steps}")
+        every = self.log_every or max(1, (self.ledger.total_steps or 20) // 20)
+        if rank == 0 and (step % every == 0 or step + 1 == (self.ledger.total_steps or -1)):
+            metrics = msg.get("metrics") or {}
+            extra = "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+            total = f"/{self.ledger.total_steps}" if self.ledger.total_steps else ""
+            self.log(f"step {step:>5}{total}  {extra}  {msg['dt'] * 1000:.0f} ms/step  gen {msg['gen']}")
+
+    def _on_joined(self, msg: dict[str, Any], t: float) -> None:
+        for f in self.ledger.open:
+            if f.generation == msg["gen"]:
+                f.joined_at = max(f.joined_at or 0.0, t)
+                f.rebuild_s = max(f.rebuild_s, float(msg["timings"].get("rebuild", 0.0)))
+                f.transfer_s = max(f.transfer_s, float(msg["timings"].get("transfer", 0.0)))
+                f.bytes_transferred = max(f.bytes_transferred, msg["bytes"])
+
+    def _member_lost(self, worker: str, desc: str, code: int, t: float) -> None:
+        rank = self.view.rank_of(worker)
+        if rank is None or self.view.phase not in ("running", "recovering") or rank in self.view.done:
+            return
+        wp = self.agent.workers[worker]
+        crash = next((c for c in reversed(self.view.crashes) if c.worker == worker), None)
+        injected = self.injected_at.get(worker)
+        kind = "exception" if crash else (describe_exit(code).split(" by ")[-1] if code < 0 else f"exit {code}")
+        rec = FailureRecord(kind=kind, rank=rank, worker=worker, step=wp.last_step, detected_at=t,
+                            fault_at=injected[1] if injected else None,
+                            error=crash.error if crash else None)
+        self.ledger.failures.append(rec)
+        self.ledger.open.append(rec)
+        latency = f"; detected in {(t - rec.fault_at) * 1000:.0f} ms" if rec.fault_at else ""
+        self.log(f"FAILED  rank {rank} ({worker}, pid {wp.proc.pid}) {desc} at step {wp.last_step}{latency}")
+
+    # ------------------------------------------------------------------ actions
+    def _execute(self, action: policy.Action, reason: str = "", t: float | None = None) -> None:
+        t = time.time() if t is None else t
+        if isinstance(action, policy.FormGeneration):
+            self._form(action, reason)
+        elif isinstance(action, policy.AbortGeneration):
+            for r in action.ranks:
+                self.agent.send(self.view.members[r], make("abort", gen=action.gen, reason=reason))
+        elif isinstance(action, policy.StartSpares):
+            for _ in range(action.count):
+                self.agent.spawn("spare")
+        elif isinstance(action, policy.Release):
+            self.ledger.outcome = "finished"
+            self._release_all(action.reason)
+            self.exit_code = 0
+        elif isinstance(action, policy.Stop):
+            self.ledger.outcome, self.ledger.message = "stopped", action.message
+            for f in self.ledger.open:
+                f.recovery_path = f.recovery_path or "stopped"
+            self.log(f"STOP    {action.message}")
+            self._release_all("job stopped")
+            for w in self.agent.alive():
+                self.agent.kill(w)
+            self.exit_code = action.code
+
+    def _form(self, a: policy.FormGeneration, reason: str) -> None:
+        now = time.time()
+        if a.gen > 1:
+            lost_steps = max(0, self.ledger.max_committed() - a.target)
+            if not self.ledger.open:   # a collective failed but nobody died: a transient fault
+                rec = FailureRecord(kind="collective error", rank=-1, worker="", step=a.target + 1,
+                                    detected_at=now)
+                self.ledger.failures.append(rec)
+                self.ledger.open.append(rec)
+            for f in self.ledger.open:
+                if f.generation is None:
+                    f.generation, f.reason, f.decided_at = a.gen, reason, now
+                    f.recovery_path, f.lost_steps = "memory", lost_steps
+                    f.replacement = a.replacements.get(f.rank)
+                    f.source_rank, f.target_step = a.source, a.target
+            self.log(f"RECOVER generation {a.gen}: {reason}")
+        else:
+            self.log(f"START   generation 1: ranks 0-{len(a.members) - 1} on workers "
+                     f"{_fmt_ranks(a.members.values())}; {reason}")
+        for rank, worker in a.members.items():
+            self.agent.workers[worker].rank = rank
+            self.agent.send(worker, make("generation", gen=a.gen, rank=rank, world=len(a.members),
+                                         prefix=f"gen{a.gen}/", target=a.target, source=a.source,
+                                         receivers=list(a.receivers)))
+
+    def _release_all(self, reason: str) -> None:
+        for w in self.agent.alive():
+            if w not in self.view.ready_workers and self.view.rank_of(w) is None:
+                self.agent.kill(w)      # a spare still booting: nothing to wait for
+            else:
+                self.agent.send(w, make("release", reason=reason))

@@ -1,0 +1,116 @@
+"""What happened, measured: commits, failures and recoveries, and the JSON report.
+
+The ledger only records; it decides nothing. Times are wall-clock seconds of the launcher's
+clock (workers on the same host share it), so a fault's downtime runs from the moment the fault
+was injected (or detected, for faults nobody injected) to the moment every rank of the new
+generation committed its first step.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class FailureRecord:
+    kind: str                         # "SIGKILL", "exit code 1", "exception", "collective error"
+    rank: int
+    worker: str
+    step: int | None                  # the step in flight on that rank
+    detected_at: float
+    fault_at: float | None = None     # known for injected faults
+    error: str | None = None
+    reason: str = ""                  # the coordinator's decision, in words
+    recovery_path: str | None = None  # "memory" (warm spare, no lost step) / "checkpoint" / "stopped"
+    generation: int | None = None     # the generation that resumed training
+    replacement: str | None = None
+    source_rank: int | None = None
+    target_step: int | None = None
+    lost_steps: int | None = None
+    bytes_transferred: int = 0
+    decided_at: float | None = None
+    joined_at: float | None = None
+    rebuild_s: float = 0.0
+    transfer_s: float = 0.0
+    first_commit_at: float | None = None
+
+    @property
+    def start(self) -> float:
+        return self.fault_at if self.fault_at is not None else self.detected_at
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if not k.endswith("_at")}
+        d["detection_latency_s"] = None if self.fault_at is None else round(self.detected_at - self.fault_at, 6)
+        d["downtime_s"] = None if self.first_commit_at is None else round(self.first_commit_at - self.start, 6)
+        d["phases_s"] = self.phases()
+        return d
+
+    def phases(self) -> dict[str, float | None]:
+        def span(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round(b - a, 6)
+        return {
+            "detect": span(self.fault_at, self.detected_at),
+            "decide": span(self.detected_at, self.decided_at),
+            "rebuild_groups": round(self.rebuild_s, 6),
+            "transfer_state": round(self.transfer_s, 6),
+            "first_committed_step": span(self.joined_at, self.first_commit_at),
+        }
+
+
+@dataclass
+class Ledger:
+    settings: dict[str, Any]
+    started: float = field(default_factory=time.time)
+    commits: dict[int, int] = field(default_factory=dict)          # rank -> last committed step
+    seen: set[tuple[int, int]] = field(default_factory=set)        # (rank, step) committed
+    repeated: int = 0
+    step_times: list[float] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
+    open: list[FailureRecord] = field(default_factory=list)        # awaiting their first commit
+    digests: dict[int, str] = field(default_factory=dict)
+    total_steps: int | None = None
+    outcome: str = "running"
+    message: str = ""
+
+    def commit(self, rank: int, step: int, dt: float, gen: int, world: int, now: float) -> bool:
+        """Record a commit; True when it completes the first step of a recovered generation."""
+        if (rank, step) in self.seen:
+            self.repeated += 1
+        self.seen.add((rank, step))
+        self.commits[rank] = max(self.commits.get(rank, -1), step)
+        if rank == 0:
+            self.step_times.append(dt)
+        closing = [f for f in self.open if f.generation == gen and f.target_step is not None
+                   and step == f.target_step + 1]
+        if closing and all(self.commits.get(r, -1) >= step for r in range(world)):
+            for f in closing:
+                f.first_commit_at = now
+                self.open.remove(f)
+            return True
+        return False
+
+    def max_committed(self) -> int:
+        return max(self.commits.values(), default=-1)
+
+    def report(self) -> dict[str, Any]:
+        memory = [f for f in self.failures if f.recovery_path == "memory" and f.lost_steps == 0]
+        digests = set(self.digests.values())
+        return {
+            "job": self.settings,
+            "outcome": self.outcome,
+            "message": self.message,
+            "steps_completed": self.max_committed() + 1,
+            "total_steps": self.total_steps,
+            "steps_repeated": self.repeated,
+            "failures": [f.to_dict() for f in self.failures],
+            "failures_total": len(self.failures),
+            "recovered_zero_loss": len(memory),
+            "zero_loss_share": (len(memory) / len(self.failures)) if self.failures else None,
+            "final_state_digest": next(iter(digests)) if len(digests) == 1 else None,
+            "replica_digests": {str(r): d for r, d in sorted(self.digests.items())},
+            "replicas_consistent": len(digests) <= 1,
+            "wall_time_s": round(time.time() - self.started, 3),
+            "median_step_time_s": round(statistics.median(self.step_times), 6) if self.step_times else None,
+        }

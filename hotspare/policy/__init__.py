@@ -1,0 +1,1 @@
+"""Pure decisions: no torch, no sockets, no clocks. Fast to test; the simulator replays them."""

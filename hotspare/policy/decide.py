@@ -1,0 +1,278 @@
+"""The coordinator's decisions as a pure function: ``decide(view, signal, now) -> Decision``.
+
+``observe(view, signal)`` records the facts a signal carries (who is ready, who died, who reported
+which committed step); ``decide`` reads the view and returns the actions to take and a
+human-readable reason, which reaches the log and the report; the coordinator executes the
+actions and records their effect with ``apply``. No I/O, no clocks, no torch: the tests script
+signals straight into it, and the simulator can replay it.
+
+Generation lifecycle::
+
+    starting --(all ranks ready)--> running --(member lost / step failed)--> recovering
+    recovering --(survivors reported + spares ready)--> running (generation + 1)
+    running --(every rank done)--> finished          any --(bug / no copy left)--> stopped
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Union
+
+from hotspare.policy.recovery import plan_recovery
+
+
+# ---------------------------------------------------------------------------- signals
+@dataclass(frozen=True)
+class WorkerReady:
+    worker: str
+    role: str                  # "active" (rank known from launch) or "spare"
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    worker: str
+    code: int                  # negative: killed by that signal
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    worker: str
+    rank: int
+    gen: int
+    committed: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Crashed:
+    worker: str
+    rank: int
+    gen: int
+    step: int
+    error: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Done:
+    worker: str
+    rank: int
+    gen: int
+    step: int
+    digest: str
+
+
+Signal = Union[WorkerReady, WorkerExited, StepFailed, Crashed, Done]
+
+
+# ---------------------------------------------------------------------------- actions
+@dataclass(frozen=True)
+class FormGeneration:
+    gen: int
+    members: dict[int, str]    # rank -> worker
+    target: int                # committed step every rank adopts
+    source: int
+    receivers: tuple[int, ...]
+    replacements: dict[int, str] = field(default_factory=dict)   # rank -> spare that takes it
+
+
+@dataclass(frozen=True)
+class AbortGeneration:
+    gen: int
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StartSpares:
+    count: int
+
+
+@dataclass(frozen=True)
+class Release:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    code: int
+    message: str
+
+
+Action = Union[FormGeneration, AbortGeneration, StartSpares, Release, Stop]
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: tuple[Action, ...]
+    reason: str
+
+
+# ---------------------------------------------------------------------------- the view
+@dataclass
+class ClusterView:
+    world_size: int
+    total_steps: int
+    target_spares: int
+    generation: int = 0
+    phase: str = "starting"
+    members: dict[int, str] = field(default_factory=dict)        # rank -> worker, current gen
+    ready_actives: dict[int, str] = field(default_factory=dict)  # before the first generation
+    ready_spares: list[str] = field(default_factory=list)
+    starting: int = 0                                            # spares launched, not ready yet
+    lost: set[int] = field(default_factory=set)                  # ranks of this gen whose worker died
+    reports: dict[int, int] = field(default_factory=dict)        # rank -> committed, this gen's survivors
+    ready_workers: set[str] = field(default_factory=set)         # workers that ever said ready
+    crashes: list[Crashed] = field(default_factory=list)
+    done: dict[int, Done] = field(default_factory=dict)
+    reforms: dict[int, int] = field(default_factory=dict)        # step -> re-forms with nobody lost
+
+    def rank_of(self, worker: str) -> int | None:
+        for r, w in self.members.items():
+            if w == worker:
+                return r
+        return None
+
+
+def observe(view: ClusterView, sig: Signal) -> None:
+    """Record the facts of ``sig`` in ``view`` (no decisions here)."""
+    if isinstance(sig, WorkerReady):
+        view.ready_workers.add(sig.worker)
+        if sig.role == "spare":
+            view.starting = max(0, view.starting - 1)
+            if sig.worker not in view.ready_spares:
+                view.ready_spares.append(sig.worker)
+        elif sig.rank is not None:
+            view.ready_actives[sig.rank] = sig.worker
+    elif isinstance(sig, WorkerExited):
+        if sig.worker in view.ready_spares:
+            view.ready_spares.remove(sig.worker)
+        elif sig.worker not in view.ready_workers and view.rank_of(sig.worker) is None:
+            view.starting = max(0, view.starting - 1)
+        rank = view.rank_of(sig.worker)
+        if rank is not None and view.phase in ("running", "recovering") and rank not in view.done:
+            view.lost.add(rank)
+            view.reports.pop(rank, None)
+            if view.phase == "running":
+                view.phase = "recovering"
+    elif isinstance(sig, StepFailed):
+        if sig.gen == view.generation and view.members.get(sig.rank) == sig.worker:
+            view.reports[sig.rank] = sig.committed
+            if view.phase == "running":
+                view.phase = "recovering"
+    elif isinstance(sig, Crashed):
+        view.crashes.append(sig)
+    elif isinstance(sig, Done):
+        if sig.gen == view.generation and view.members.get(sig.rank) == sig.worker:
+            view.done[sig.rank] = sig
+
+
+def apply(view: ClusterView, action: Action) -> None:
+    """Record the effect of an executed action."""
+    if isinstance(action, FormGeneration):
+        view.generation = action.gen
+        view.members = dict(action.members)
+        view.ready_spares = [w for w in view.ready_spares if w not in action.replacements.values()]
+        if not view.lost:
+            view.reforms[action.target + 1] = view.reforms.get(action.target + 1, 0) + (action.gen > 1)
+        view.lost, view.reports, view.done = set(), {}, {}
+        view.phase = "running"
+    elif isinstance(action, StartSpares):
+        view.starting += action.count
+    elif isinstance(action, Release):
+        view.phase = "finished"
+    elif isinstance(action, Stop):
+        view.phase = "stopped"
+
+
+# ---------------------------------------------------------------------------- decisions
+def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
+    if view.phase in ("finished", "stopped"):
+        return Decision((), f"job already {view.phase}")
+
+    if isinstance(sig, Crashed):
+        repeat = [c for c in view.crashes[:-1] if c.step == sig.step and c.worker != sig.worker]
+        if repeat:
+            first = repeat[0]
+            return Decision((Stop(1, _bug_message(first, sig)),),
+                            f"step {sig.step} raised on worker {first.worker} and again on {sig.worker}")
+        return Decision((), f"rank {sig.rank} raised {sig.error.splitlines()[0][:120]} at step {sig.step}; "
+                            "failing over once (a second failure of the same step means a bug)")
+
+    if isinstance(sig, WorkerExited) and sig.worker not in view.ready_workers and sig.code != 0 \
+            and view.rank_of(sig.worker) is None:
+        return Decision((Stop(1, f"worker {sig.worker} {sig.description or f'exited with code {sig.code}'} "
+                                 "before it was ready: the training script failed to start (see its "
+                                 "output above)"),), "startup failure")
+
+    actions: list[Action] = []
+    reasons: list[str] = []
+    if isinstance(sig, WorkerExited):
+        rank = next((r for r in view.lost if view.members.get(r) == sig.worker), None)
+        if rank is not None:
+            survivors = tuple(sorted(set(view.members) - view.lost))
+            actions.append(AbortGeneration(view.generation, survivors))
+            reasons.append(f"rank {rank} ({sig.worker}) {sig.description or 'exited'}")
+        elif sig.worker in view.ready_workers and view.rank_of(sig.worker) is None:
+            if view.phase != "finished" and _spares_needed(view) > 0:
+                actions.append(StartSpares(_spares_needed(view)))
+                reasons.append(f"spare {sig.worker} exited; starting a new one")
+
+    if view.phase == "starting":
+        if len(view.ready_actives) == view.world_size:
+            members = dict(sorted(view.ready_actives.items()))
+            actions.append(FormGeneration(1, members, -1, 0, tuple(range(1, view.world_size))))
+            reasons.append(f"all {view.world_size} ranks ready: generation 1, initial state from rank 0")
+        return Decision(tuple(actions), "; ".join(reasons) or "waiting for ranks to start")
+
+    if view.phase == "recovering":
+        d = _recover(view)
+        actions += d.actions
+        reasons.append(d.reason)
+    elif view.phase == "running" and view.done and len(view.done) == len(view.members):
+        final = {d.step for d in view.done.values()}
+        actions.append(Release(f"all ranks finished step {max(final)}"))
+        reasons.append("training complete")
+    return Decision(tuple(actions), "; ".join(reasons) or "nothing to do")
+
+
+def _spares_needed(view: ClusterView) -> int:
+    return max(0, view.target_spares - len(view.ready_spares) - view.starting)
+
+
+def _recover(view: ClusterView) -> Decision:
+    survivors = set(view.members) - view.lost
+    waiting = sorted(survivors - set(view.reports))
+    if waiting:
+        return Decision((), f"waiting for ranks {waiting} to report their committed step")
+    step = max(view.reports.values(), default=-1) + 1
+    if not view.lost and view.reforms.get(step, 0) >= 2:
+        return Decision((Stop(1, f"collectives keep failing at step {step} although no worker died "
+                                 f"({view.reforms[step]} re-forms): this looks like a bug in the script, "
+                                 "e.g. ranks calling different collectives or mismatched tensor shapes"),),
+                        "repeated collective failure without a lost worker")
+    plan = plan_recovery(view.lost, view.reports, len(view.ready_spares), view.starting)
+    if plan.path == "memory":
+        replacements = dict(zip(sorted(view.lost), view.ready_spares))
+        members = {**{r: w for r, w in view.members.items() if r not in view.lost}, **replacements}
+        form = FormGeneration(view.generation + 1, dict(sorted(members.items())), plan.target_step,
+                              plan.source, plan.receivers, replacements)
+        spare_left = len(view.ready_spares) - len(replacements)
+        refill = max(0, view.target_spares - spare_left - view.starting)
+        actions: tuple[Action, ...] = (form, StartSpares(refill)) if refill else (form,)
+        return Decision(actions, plan.reason + (f"; re-provisioning {refill} spare(s)" if refill else ""))
+    if plan.path == "wait":
+        return Decision((StartSpares(plan.start),) if plan.start else (), plan.reason)
+    return Decision((Stop(1, plan.reason),), plan.reason)
+
+
+def _bug_message(first: Crashed, again: Crashed) -> str:
+    return (f"step {again.step} failed with an exception on worker {first.worker} (rank {first.rank}) and "
+            f"again on {again.worker} (rank {again.rank}) after failover. A hardware fault does not follow "
+            f"the step to a new process: this looks like a bug in the training script, so hotspare stops "
+            f"instead of failing over forever.\n--- traceback (rank {again.rank}, step {again.step}) ---\n"
+            f"{again.traceback.rstrip() or again.error}")
+
+
+__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "dataclasses", "Union")]

@@ -1,0 +1,85 @@
+"""Control messages: one JSON object per line, versioned, validated on arrival.
+
+Only small metadata travels here (tensors go peer to peer over torch.distributed), and nothing
+received is ever unpickled: a message is plain JSON checked against the schema below. A message
+of another protocol version, an unknown type, or a missing/mistyped field is refused with a
+``ProtocolError`` that names the problem; the sender's connection is dropped, the job goes on.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hotspare.errors import ProtocolError
+
+VERSION = 1
+MAX_LINE = 4 * 1024 * 1024   # tracebacks can be long; anything bigger is not a control message
+
+_INT = (int,)
+_NUM = (int, float)
+_STR = (str,)
+_OPT_NUM = (int, float, type(None))
+_LIST = (list,)
+_DICT = (dict,)
+
+# type -> {field: accepted python types}. Extra fields are allowed (forward compatible);
+# missing or mistyped required fields are not.
+SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
+    # worker -> agent
+    "hello": {"worker": _STR, "pid": _INT, "role": _STR},
+    "ready": {"worker": _STR, "committed": _INT},
+    "step": {"gen": _INT, "rank": _INT, "step": _INT},
+    "commit": {"gen": _INT, "rank": _INT, "step": _INT, "dt": _NUM},
+    "failed": {"gen": _INT, "rank": _INT, "committed": _INT, "error": _STR},
+    "crash": {"gen": _INT, "rank": _INT, "step": _INT, "error": _STR, "traceback": _STR},
+    "joined": {"gen": _INT, "rank": _INT, "timings": _DICT, "bytes": _INT},
+    "done": {"gen": _INT, "rank": _INT, "step": _INT, "digest": _STR},
+    # agent -> worker
+    "generation": {"gen": _INT, "rank": _INT, "world": _INT, "prefix": _STR,
+                   "target": _INT, "source": _INT, "receivers": _LIST},
+    "abort": {"gen": _INT, "reason": _STR},
+    "release": {"reason": _STR},
+}
+
+
+Message = dict[str, Any]
+
+
+def make(type_: str, **fields: Any) -> Message:
+    msg = {"v": VERSION, "type": type_, **fields}
+    validate(msg)
+    return msg
+
+
+def encode(msg: Message) -> bytes:
+    return (json.dumps(msg, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+def validate(msg: Any) -> Message:
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"a control message must be a JSON object, got {type(msg).__name__}")
+    if msg.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {msg.get('v')!r} is not supported (this is v{VERSION}); "
+                            "run the same hotspare version on every worker and agent")
+    kind = msg.get("type")
+    fields = SCHEMA.get(kind)  # type: ignore[arg-type]
+    if fields is None:
+        raise ProtocolError(f"unknown message type {kind!r}; known: {', '.join(sorted(SCHEMA))}")
+    for name, types in fields.items():
+        if name not in msg:
+            raise ProtocolError(f"message {kind!r} lacks field {name!r}")
+        value = msg[name]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ProtocolError(f"message {kind!r}: field {name!r} must be "
+                                f"{'/'.join(t.__name__ for t in types)}, got {type(value).__name__}")
+    return msg
+
+
+def decode(line: bytes) -> Message:
+    if len(line) > MAX_LINE:
+        raise ProtocolError(f"control message of {len(line)} bytes exceeds the {MAX_LINE}-byte limit")
+    try:
+        msg = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"control message is not valid JSON: {e}") from None
+    return validate(msg)

@@ -1,0 +1,76 @@
+"""DDP whose gradient reduction survives a change of generation, with a stable bucket layout.
+
+Two facts shape this module:
+* Bitwise equality needs every rank to reduce the same bytes in the same layout on every step.
+  DDP normally rebuilds its buckets after the first iteration (in the order gradients became
+  ready), so a freshly wrapped DDP on a spare would reduce in a different layout than the
+  survivors. We rebuild the buckets once, right away, in parameter order: the layout is then a
+  pure function of the model, the same on a spare, a survivor and under plain torchrun.
+* DDP must not own the communicator: under hotspare it gets a one-rank group (building it on a
+  spare needs no peers) and the real reduction runs in a comm hook on the current generation's
+  default group, which is torn down and rebuilt on every failover.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hotspare.errors import PeerFailure
+from hotspare.pg import local_process_group
+
+if TYPE_CHECKING:
+    from hotspare.runtime.job import Job
+
+
+def _stabilize_buckets(ddp: DDP) -> None:
+    ddp.reducer._push_all_rebuilt_params()
+    ddp.reducer._rebuild_buckets()
+
+
+def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against real classes
+    job._check_generation()
+    buf = bucket.buffer()
+    # Same arithmetic as DDP's built-in reduction (multiply by 1/world while copying), so the
+    # result is bitwise equal to plain DDP's with the same layout.
+    buf.mul_(1.0 / job.world_size)
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        try:
+            return f.value()[0]
+        except Exception as e:
+            job._note_comm_error(e)
+            raise
+
+    return fut.then(done)
+
+
+def _broadcast_buffers_hook(job: "Job"):
+    def hook(module: torch.nn.Module, _inputs: Any) -> None:
+        job._check_generation()
+        for b in module.buffers():
+            dist.broadcast(b, src=0)
+    return hook
+
+
+def wrap_ddp(module: torch.nn.Module, job: "Job", **kwargs: Any) -> DDP:
+    if "process_group" in kwargs:
+        raise ValueError("hotspare manages the process group of job.ddp(); drop process_group=")
+    if not job.managed:
+        ddp = DDP(module, **kwargs)
+        _stabilize_buckets(ddp)
+        return ddp
+    sync_buffers = kwargs.pop("forward_sync_buffers", kwargs.pop("broadcast_buffers", None))
+    ddp = DDP(module, process_group=local_process_group(), forward_sync_buffers=False, **kwargs)
+    _stabilize_buckets(ddp)
+    ddp.register_comm_hook(job, _allreduce_hook)
+    if sync_buffers is not False and any(True for _ in module.buffers()):
+        # DDP's own buffer broadcast would run on its one-rank group; do it on the generation's.
+        module.register_forward_pre_hook(_broadcast_buffers_hook(job))
+    return ddp
+
+
+__all__ = ["wrap_ddp", "PeerFailure"]

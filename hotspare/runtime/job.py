@@ -1,0 +1,420 @@
+"""The in-process runtime: one ``Job`` per training process.
+
+The step protocol, from the training script's point of view::
+
+    job = hotspare.init()
+    model = job.ddp(model)
+    job.track(model=model, optimizer=opt)
+    for step in job.steps(total):
+        with step:              # a failure inside returns here, recovered, at the committed step
+            ...
+
+Commit semantics: a step is committed on a rank when its optimizer has stepped after a
+successful gradient reduction (or the ``with step`` block finished without error). A failure
+anywhere in a step leaves each survivor at step k or k-1; it tears its generation down (which
+frees the peers still blocked in a collective), reports its committed step and waits. The
+coordinator forms the next generation with a spare in the dead rank's place; the most advanced
+survivor sends the state; everyone resumes at the step after it. Nothing is reloaded from disk.
+
+An exception that is not a communication failure is the script's own: it is reported with its
+traceback and the process dies, like any crash. If a replacement fails the same step again the
+coordinator stops the job and says it looks like a bug.
+
+Outside ``hotspare run`` (plain ``torchrun`` or ``python``) the same calls fall back to plain
+torch.distributed and DDP, so scripts can adopt hotspare gradually.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from hotspare.errors import ConfigError, JobFailed, PeerFailure, ProtocolError, StateMismatch
+from hotspare.pg import GenerationGroup
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.messages import make
+from hotspare.runtime.state import StateRegistry
+from hotspare.transfer import broadcast_state
+
+ENV_AGENT = "HOTSPARE_AGENT"          # host:port of the node agent; its presence means "managed"
+ENV_WORKER = "HOTSPARE_WORKER_ID"
+ENV_ROLE = "HOTSPARE_ROLE"            # "active" or "spare"
+
+# Messages gloo/NCCL/c10d put in the errors of a broken collective.
+_COMM_MARKERS = ("gloo", "nccl", "connection reset", "connection closed", "connection refused",
+                 "broken pipe", "processgroup", "c10d", "timed out", "socket")
+
+
+class Step(int):
+    """A step number that is also the context manager guarding that step."""
+
+    _job: "Job"
+
+    def __new__(cls, job: "Job", value: int) -> "Step":
+        obj = super().__new__(cls, value)
+        obj._job = job
+        return obj
+
+    def __enter__(self) -> "Step":
+        self._job._enter_step(int(self))
+        return self
+
+    def __exit__(self, et, ev, tb) -> bool:
+        return self._job._exit_step(int(self), ev)
+
+
+class Job:
+    """Rank, world size, tracked state and the step loop of one training process."""
+
+    def __init__(self) -> None:
+        self.managed = ENV_AGENT in os.environ
+        self.rank: int | None = None
+        self.world_size: int = 1
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.generation = 0
+        self.committed = -1                 # last committed step on this rank
+        self.registry = StateRegistry()
+        self._applied = -1                  # last step whose optimizer update is in the state
+        self._current: int | None = None
+        self._step_t0 = 0.0
+        self._metrics: dict[str, float] = {}
+        self._failure: str | None = None    # a peer failure seen in this step
+        self._comm_error: str | None = None
+        self._group: GenerationGroup | None = None
+        self._pending_sync: dict[str, Any] | None = None
+        self._inbox: "queue.Queue[dict[str, Any]]" = queue.Queue()
+        self._channel: Channel | None = None
+        self._store: dist.Store | None = None
+        self._finished = False
+        self._total = 0
+
+    # ------------------------------------------------------------------ set-up
+    def _init(self) -> None:
+        _install_clean_exit()
+        if not self.managed:
+            self._init_plain()
+            return
+        self.worker = os.environ[ENV_WORKER]
+        self.role = os.environ.get(ENV_ROLE, "active")
+        host, port = os.environ[ENV_AGENT].rsplit(":", 1)
+        self._channel = Channel.connect(host, int(port))
+        self._channel.send(make("hello", worker=self.worker, pid=os.getpid(), role=self.role))
+        threading.Thread(target=self._read_control, name="hotspare-control", daemon=True).start()
+        self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                    is_master=False, timeout=_timedelta(300), wait_for_workers=False)
+        if self.role == "active":
+            self.rank = int(os.environ["RANK"])
+            self.world_size = int(os.environ["WORLD_SIZE"])
+            self._channel.send(make("ready", worker=self.worker, committed=self.committed))
+            msg = self._await_generation()
+            if msg is None:
+                raise JobFailed("the coordinator released this worker before the job started")
+            self._join(msg)
+
+    def _init_plain(self) -> None:
+        if not dist.is_initialized():
+            if "WORLD_SIZE" in os.environ:
+                backend = "nccl" if torch.cuda.is_available() else "gloo"
+                dist.init_process_group(backend)
+            else:  # plain `python script.py`: a world of one
+                dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    # ------------------------------------------------------------------ user API
+    def ddp(self, module: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        """Wrap ``module`` in DistributedDataParallel whose reduction survives failovers."""
+        from hotspare.runtime.ddp import wrap_ddp
+        return wrap_ddp(module, self, **kwargs)
+
+    def track(self, **objects: Any) -> None:
+        """Register what a replacement must receive: ``job.track(model=m, optimizer=opt)``."""
+        if not objects:
+            raise ConfigError("job.track() needs at least one name=object, e.g. job.track(model=model, optimizer=opt)")
+        for name, obj in objects.items():
+            self.registry.add(name, obj)
+            if isinstance(obj, torch.optim.Optimizer):
+                obj.register_step_post_hook(self._on_optimizer_step)
+
+    def log(self, **metrics: float) -> None:
+        """Attach metrics (e.g. ``loss=loss.item()``) to this step's progress report."""
+        for k, v in metrics.items():
+            v = float(v)
+            self._metrics[k] = v if math.isfinite(v) else str(v)   # JSON has no NaN
+
+    def steps(self, total: int) -> Iterator[Step]:
+        """Yield the steps still to run, ``committed + 1 .. total - 1``, recovering as needed."""
+        if not isinstance(total, int) or total < 0:
+            raise ConfigError(f"job.steps(total) needs a non-negative int, got {total!r}")
+        if not self.registry:
+            raise ConfigError("call job.track(model=..., optimizer=...) before job.steps(): "
+                              "hotspare must know which state a spare receives")
+        self._total = total
+        if not self.managed:
+            yield from self._plain_steps(total)
+            return
+        if self.role == "spare" and self._group is None:
+            self._channel.send(make("ready", worker=self.worker, committed=self.committed))
+            msg = self._await_generation()
+            if msg is None:          # released unused: the job finished without needing us
+                return
+            self._join_until_ok(msg)
+        if self._pending_sync is not None:
+            self._guarded(self._sync_state, self._pending_sync)
+        while True:
+            if self._failure is not None:
+                self._recover()
+                continue
+            step = self.committed + 1
+            if step >= total:
+                if self._finish():
+                    return
+                continue
+            yield Step(self, step)
+
+    def _plain_steps(self, total: int) -> Iterator[Step]:
+        for step in range(self.committed + 1, total):
+            yield Step(self, step)
+        if self.world_size > 1:
+            dist.barrier()
+
+    @property
+    def digest(self) -> str:
+        """sha256 of every tracked tensor in a canonical order (equal on all replicas)."""
+        return self.registry.digest()
+
+    # ------------------------------------------------------------------ step protocol
+    def _enter_step(self, step: int) -> None:
+        self._current = step
+        self._comm_error = None
+        self._step_t0 = time.perf_counter()
+        if self.managed:
+            self._channel.send(make("step", gen=self.generation, rank=self.rank, step=step, total=self._total))
+
+    def _on_optimizer_step(self, *_: Any) -> None:
+        if self._current is not None:
+            self._applied = self._current
+
+    def _exit_step(self, step: int, ev: BaseException | None) -> bool:
+        self._current = None
+        if ev is None:
+            self.committed = self._applied = step
+            dt = time.perf_counter() - self._step_t0
+            if self.managed:
+                self._channel.send(make("commit", gen=self.generation, rank=self.rank, step=step,
+                                        dt=dt, metrics=self._metrics))
+            elif self.rank == 0 and self._metrics:
+                print(f"step {step} " + " ".join(f"{k} {v:.4f}" for k, v in self._metrics.items())
+                      + f" | {dt * 1000:.0f} ms", flush=True)
+            self._metrics = {}
+            return False
+        if not self.managed or not isinstance(ev, Exception):
+            return False
+        if self._is_peer_failure(ev):
+            # The optimizer may have stepped before a later collective of the block failed.
+            self.committed = max(self.committed, self._applied)
+            self._failure = f"{type(ev).__name__}: {str(ev).splitlines()[0][:300]}"
+            if self._group is not None:
+                self._group.abort()     # free the peers blocked on us now, not at teardown
+            return True
+        tb = "".join(traceback.format_exception(type(ev), ev, ev.__traceback__))
+        self._channel.send(make("crash", gen=self.generation, rank=self.rank, step=step,
+                                error=f"{type(ev).__name__}: {ev}"[:2000], traceback=tb[-20000:]))
+        return False
+
+    def _is_peer_failure(self, ev: BaseException) -> bool:
+        if isinstance(ev, (PeerFailure, dist.DistError)) or self._comm_error is not None:
+            return True
+        if self._group is not None and self._group.aborted:
+            return True
+        text = str(ev).lower()
+        return isinstance(ev, RuntimeError) and any(m in text for m in _COMM_MARKERS)
+
+    def _note_comm_error(self, e: BaseException) -> None:
+        self._comm_error = f"{type(e).__name__}: {str(e)[:300]}"
+
+    def _check_generation(self) -> None:
+        if self._group is None or self._group.aborted:
+            raise PeerFailure(f"generation {self.generation} was aborted")
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        reason, self._failure = self._failure, None
+        self._teardown()
+        self._channel.send(make("failed", gen=self.generation, rank=self.rank,
+                                committed=self.committed, error=reason or ""))
+        msg = self._await_generation()
+        if msg is None:
+            raise JobFailed("the coordinator stopped the job during recovery (see the launcher's output)")
+        self._join_until_ok(msg)
+
+    def _join_until_ok(self, msg: dict[str, Any]) -> None:
+        """Join a generation; if a peer fails meanwhile, report it and join the next one."""
+        while True:
+            try:
+                self._join(msg)
+                return
+            except Exception as e:
+                if not (self._is_peer_failure(e) or isinstance(e, PeerFailure)):
+                    raise
+                self._teardown()
+                self._channel.send(make("failed", gen=self.generation, rank=self.rank,
+                                        committed=self.committed, error=f"during join: {e}"[:300]))
+                msg = self._await_generation()
+                if msg is None:
+                    raise JobFailed("the coordinator stopped the job during recovery") from None
+
+    def _join(self, msg: dict[str, Any]) -> None:
+        self._teardown()
+        t0 = time.perf_counter()
+        self.generation, self.rank, self.world_size = msg["gen"], msg["rank"], msg["world"]
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
+        self._group = GenerationGroup(self._store, msg["gen"], msg["rank"], msg["world"], msg["prefix"])
+        rebuild_s = time.perf_counter() - t0
+        nbytes, transfer_s = 0, 0.0
+        if self.registry:
+            nbytes, transfer_s = self._sync_state(msg)
+        else:
+            self._pending_sync = msg        # initial sync once the script has tracked its state
+        self._channel.send(make("joined", gen=self.generation, rank=self.rank, bytes=nbytes,
+                                timings={"rebuild": rebuild_s, "transfer": transfer_s}))
+
+    def _guarded(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as e:
+            if not self._is_peer_failure(e):
+                raise
+            self._failure = f"during state sync: {e}"[:300]
+
+    def _sync_state(self, msg: dict[str, Any]) -> tuple[int, float]:
+        """Bring every receiver to the source's committed state; returns (bytes, seconds)."""
+        self._pending_sync = None
+        source, receivers, target = msg["source"], sorted(msg["receivers"]), msg["target"]
+        if not receivers:
+            return 0, 0.0
+        members = sorted({source, *receivers})
+        group = None if len(members) == self.world_size else self._group.new_subgroup(members)
+        key = f"state/{source}"
+        if self.rank == source:
+            if self.committed != target:
+                raise StateMismatch(f"rank {self.rank} was chosen as source for step {target} "
+                                    f"but holds step {self.committed}")
+            snap = self.registry.snapshot()
+            self._group.store.set(key, json.dumps(snap.manifest(self.committed)))
+            stats = broadcast_state([t.detach() for _, t in snap.tensors], source, group, is_source=True)
+        elif self.rank in receivers:
+            manifest = self._read_manifest(key)
+            dsts, needs_load = self.registry.prepare_receive(manifest)
+            stats = broadcast_state(dsts, source, group, is_source=False)
+            with torch.no_grad():
+                self.registry.finish_receive(manifest, dsts, needs_load)
+            self.committed = self._applied = manifest["step"]
+        else:
+            return 0, 0.0
+        return stats.bytes, stats.seconds
+
+    def _read_manifest(self, key: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 300
+        while True:
+            self._check_generation()
+            try:
+                self._group.store.wait([key], _timedelta(0.5))
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise PeerFailure("state source never published its manifest") from None
+        manifest = json.loads(self._group.store.get(key))
+        if not isinstance(manifest, dict) or not {"step", "entries", "trees"} <= set(manifest):
+            raise StateMismatch("malformed state manifest from the source rank")
+        return manifest
+
+    def _teardown(self) -> None:
+        if self._group is not None:
+            self._group.destroy()
+            self._group = None
+
+    def _finish(self) -> bool:
+        """Report completion; True when released, False if a recovery needs us first."""
+        self._channel.send(make("done", gen=self.generation, rank=self.rank, step=self.committed,
+                                digest=self.registry.digest()))
+        msg = self._await_generation()
+        if msg is None:
+            self._finished = True
+            return True
+        self._join_until_ok(msg)
+        return False
+
+    # ------------------------------------------------------------------ control channel
+    def _read_control(self) -> None:
+        try:
+            while True:
+                msg = self._channel.recv()
+                if msg is None:
+                    break
+                if msg["type"] == "abort":
+                    group = self._group
+                    if group is not None and msg["gen"] == group.gen:
+                        group.abort()
+                else:
+                    self._inbox.put(msg)
+        except (OSError, ProtocolError) as e:
+            print(f"hotspare: control channel error: {e}", file=sys.stderr, flush=True)
+        # The agent is gone: nothing can coordinate this worker any more.
+        self._inbox.put({"type": "release", "reason": "control channel closed"})
+
+    def _await_generation(self) -> dict[str, Any] | None:
+        """Block for the next ``generation`` message; None means released."""
+        msg = self._inbox.get()
+        if msg["type"] == "release":
+            return None
+        return msg
+
+
+_job: Job | None = None
+
+
+def init() -> Job:
+    """Start (or return) this process's job. Call once, where ``init_process_group`` would be."""
+    global _job
+    if _job is None:
+        _job = Job()
+        _job._init()
+    return _job
+
+
+def _timedelta(seconds: float):
+    import datetime
+    return datetime.timedelta(seconds=seconds)
+
+
+_exit_code = 0
+
+
+def _install_clean_exit() -> None:
+    """End the process with ``os._exit`` once Python is done: gloo's threads can abort a
+    finishing worker during interpreter teardown (about 1 exit in 6 here)."""
+    previous = sys.excepthook
+
+    def hook(et, ev, tb):
+        global _exit_code
+        _exit_code = 1
+        previous(et, ev, tb)
+
+    sys.excepthook = hook
+
+    def bye():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_code)
+
+    atexit.register(bye)
