@@ -40,6 +40,14 @@ class WorkerProc:
     injected: list[tuple[Fault, float]] = field(default_factory=list)
 
 
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: workers then end when their control connection closes
+        pass
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -78,8 +86,9 @@ class NodeAgent:
             env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank))
         else:
             env.update(RANK="-1", LOCAL_RANK="-1")
-        # Each worker leads its own process group so a fence can kill its children too.
-        proc = subprocess.Popen(self.cmd, env=env, start_new_session=True)
+        # Each worker leads its own process group so a fence can kill its children too, and
+        # dies with the launcher (PR_SET_PDEATHSIG) so no orphan outlives its job.
+        proc = subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
         wp = WorkerProc(worker, role, proc, time.time(), rank=rank)
         with self._lock:
             self.workers[worker] = wp

@@ -7,6 +7,7 @@ their effect. Every control message it sends carries the generation, so stale on
 """
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import time
@@ -31,6 +32,7 @@ class Coordinator:
         self.log_every = log_every
         self.injected_at: dict[str, tuple[Any, float]] = {}
         self.exit_code: int | None = None
+        self.debug = bool(os.environ.get("HOTSPARE_DEBUG"))
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -52,6 +54,8 @@ class Coordinator:
 
     # ------------------------------------------------------------------ events
     def _handle(self, kind: str, worker: str, payload: Any, t: float) -> None:
+        if self.debug and not (kind == "msg" and payload["type"] in ("step", "commit")):
+            self.log(f"debug   event {kind} from {worker}: {payload}")
         if kind == "injected":
             wp = self.agent.workers[worker]
             self.injected_at[worker] = (payload, t)
@@ -104,6 +108,8 @@ class Coordinator:
     def _signal(self, sig: policy.Signal, t: float) -> None:
         policy.observe(self.view, sig)
         decision = policy.decide(self.view, sig, t)
+        if self.debug:
+            self.log(f"debug   decide {type(sig).__name__} phase={self.view.phase} -> {decision}")
         for action in decision.actions:
             self._execute(action, decision.reason, t)
             policy.apply(self.view, action)
@@ -144,7 +150,8 @@ class Coordinator:
         kind = "exception" if crash else (describe_exit(code).split(" by ")[-1] if code < 0 else f"exit {code}")
         rec = FailureRecord(kind=kind, rank=rank, worker=worker, step=wp.last_step, detected_at=t,
                             fault_at=injected[1] if injected else None,
-                            error=crash.error if crash else None)
+                            error=crash.error if crash else None,
+                            spare_was_warm=bool(self.view.ready_spares))
         self.ledger.failures.append(rec)
         self.ledger.open.append(rec)
         latency = f"; detected in {(t - rec.fault_at) * 1000:.0f} ms" if rec.fault_at else ""

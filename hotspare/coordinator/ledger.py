@@ -22,6 +22,7 @@ class FailureRecord:
     detected_at: float
     fault_at: float | None = None     # known for injected faults
     error: str | None = None
+    spare_was_warm: bool = False      # a warm spare was ready when the fault was detected
     reason: str = ""                  # the coordinator's decision, in words
     recovery_path: str | None = None  # "memory" (warm spare, no lost step) / "checkpoint" / "stopped"
     generation: int | None = None     # the generation that resumed training

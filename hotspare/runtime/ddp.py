@@ -25,14 +25,26 @@ if TYPE_CHECKING:
     from hotspare.runtime.job import Job
 
 
-def _stabilize_buckets(ddp: DDP) -> None:
+def stabilize_buckets(ddp: DDP) -> None:
     ddp.reducer._push_all_rebuilt_params()
     ddp.reducer._rebuild_buckets()
 
 
+def reset_after_failure(ddp: DDP) -> None:
+    """A backward that failed half-way leaves the reducer mid-iteration; reset it and lay the
+    buckets out again exactly as before (reset_state forgets the rebuilt layout)."""
+    ddp.reducer._reset_state()
+    stabilize_buckets(ddp)
+
+
 def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against real classes
-    job._check_generation()
     buf = bucket.buffer()
+    if job._generation_broken():
+        # Never raise inside the hook: that leaves DDP's reducer half-way through a bucket.
+        # A failed future is reported by backward() like any communication error.
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_exception(PeerFailure(f"generation {job.generation} was aborted"))
+        return fut
     # Same arithmetic as DDP's built-in reduction (multiply by 1/world while copying), so the
     # result is bitwise equal to plain DDP's with the same layout.
     buf.mul_(1.0 / job.world_size)
@@ -61,11 +73,11 @@ def wrap_ddp(module: torch.nn.Module, job: "Job", **kwargs: Any) -> DDP:
         raise ValueError("hotspare manages the process group of job.ddp(); drop process_group=")
     if not job.managed:
         ddp = DDP(module, **kwargs)
-        _stabilize_buckets(ddp)
+        stabilize_buckets(ddp)
         return ddp
     sync_buffers = kwargs.pop("forward_sync_buffers", kwargs.pop("broadcast_buffers", None))
     ddp = DDP(module, process_group=local_process_group(), forward_sync_buffers=False, **kwargs)
-    _stabilize_buckets(ddp)
+    stabilize_buckets(ddp)
     ddp.register_comm_hook(job, _allreduce_hook)
     if sync_buffers is not False and any(True for _ in module.buffers()):
         # DDP's own buffer broadcast would run on its one-rank group; do it on the generation's.
@@ -73,4 +85,4 @@ def wrap_ddp(module: torch.nn.Module, job: "Job", **kwargs: Any) -> DDP:
     return ddp
 
 
-__all__ = ["wrap_ddp", "PeerFailure"]
+__all__ = ["wrap_ddp", "reset_after_failure", "stabilize_buckets"]

@@ -51,8 +51,8 @@ ENV_WORKER = "HOTSPARE_WORKER_ID"
 ENV_ROLE = "HOTSPARE_ROLE"            # "active" or "spare"
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
-_COMM_MARKERS = ("gloo", "nccl", "connection reset", "connection closed", "connection refused",
-                 "broken pipe", "processgroup", "c10d", "timed out", "socket")
+_COMM_MARKERS = ("gloo/transport", "nccl", "connection reset", "connection closed",
+                 "connection refused", "broken pipe", "timed out", "read error", "write error")
 
 
 class Step(int):
@@ -97,6 +97,7 @@ class Job:
         self._store: dist.Store | None = None
         self._finished = False
         self._total = 0
+        self._ddps: list[torch.nn.Module] = []
 
     # ------------------------------------------------------------------ set-up
     def _init(self) -> None:
@@ -134,7 +135,9 @@ class Job:
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         """Wrap ``module`` in DistributedDataParallel whose reduction survives failovers."""
         from hotspare.runtime.ddp import wrap_ddp
-        return wrap_ddp(module, self, **kwargs)
+        ddp = wrap_ddp(module, self, **kwargs)
+        self._ddps.append(ddp)
+        return ddp
 
     def track(self, **objects: Any) -> None:
         """Register what a replacement must receive: ``job.track(model=m, optimizer=opt)``."""
@@ -237,19 +240,27 @@ class Job:
         if self._group is not None and self._group.aborted:
             return True
         text = str(ev).lower()
+        if "internal assert" in text:
+            return False
         return isinstance(ev, RuntimeError) and any(m in text for m in _COMM_MARKERS)
 
     def _note_comm_error(self, e: BaseException) -> None:
         self._comm_error = f"{type(e).__name__}: {str(e)[:300]}"
 
+    def _generation_broken(self) -> bool:
+        return self._group is None or self._group.aborted
+
     def _check_generation(self) -> None:
-        if self._group is None or self._group.aborted:
+        if self._generation_broken():
             raise PeerFailure(f"generation {self.generation} was aborted")
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
+        from hotspare.runtime.ddp import reset_after_failure
         reason, self._failure = self._failure, None
         self._teardown()
+        for ddp in self._ddps:
+            reset_after_failure(ddp)
         self._channel.send(make("failed", gen=self.generation, rank=self.rank,
                                 committed=self.committed, error=reason or ""))
         msg = self._await_generation()

@@ -1,0 +1,41 @@
+"""Run ``hotspare run`` as a real subprocess and collect its report."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "gpt_stdlib.py"
+
+
+@dataclass
+class JobResult:
+    code: int
+    output: str
+    report: dict[str, Any] | None
+
+    @property
+    def digest(self) -> str | None:
+        return self.report and self.report.get("final_state_digest")
+
+
+def run_job(script_args: list[str], nproc: int = 4, spares: int = 1, inject: list[str] = (),
+            script: str | Path = EXAMPLE, extra: list[str] = (), timeout: float = 300,
+            env: dict[str, str] | None = None) -> JobResult:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "report.json")
+        cmd = [sys.executable, "-m", "hotspare", "run", "--nproc", str(nproc), "--spares", str(spares),
+               "--report", report, *extra]
+        for spec in inject:
+            cmd += ["--inject", spec]
+        cmd += ["--", str(script), *script_args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        data = json.load(open(report)) if os.path.exists(report) else None
+        return JobResult(proc.returncode, proc.stdout + proc.stderr, data)

@@ -1,0 +1,104 @@
+"""End to end, real processes and real signals: a run with injected faults must end with the
+same model state, bit for bit, as the same run without faults, losing and repeating no step."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hotspare.testing import run_job
+from hotspare.testing.local import EXAMPLE, REPO
+
+ARGS = ["--model", "tiny", "--steps", "40"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    result = run_job(ARGS, nproc=4, spares=1)
+    assert result.code == 0, result.output
+    assert result.report["failures_total"] == 0 and result.report["replicas_consistent"]
+    return result.digest
+
+
+def assert_recovered(result, reference, failures):
+    assert result.code == 0, result.output
+    r = result.report
+    assert r["final_state_digest"] == reference, "faulted run diverged from the fault-free run"
+    assert r["replicas_consistent"] and r["steps_completed"] == 40 and r["steps_repeated"] == 0
+    assert r["failures_total"] == failures and r["recovered_zero_loss"] == failures
+    for f in r["failures"]:
+        assert f["recovery_path"] == "memory" and f["lost_steps"] == 0, f
+        assert f["downtime_s"] is not None and f["detection_latency_s"] is not None
+    assert "recovered with zero lost steps: %d/%d (100%%)" % (failures, failures) in result.output
+    return r
+
+
+def test_kill_mid_run_is_replaced_by_spare_bitwise_equal(reference):
+    r = assert_recovered(run_job(ARGS, inject=["kill:rank=2:step=17"]), reference, 1)
+    f = r["failures"][0]
+    assert (f["kind"], f["rank"], f["step"], f["source_rank"]) == ("SIGKILL", 2, 17, 0)
+    assert f["replacement"] == "w4" and f["bytes_transferred"] > 0
+    assert set(f["phases_s"]) == {"detect", "decide", "rebuild_groups", "transfer_state", "first_committed_step"}
+
+
+def test_kill_during_first_and_during_last_step(reference):
+    assert_recovered(run_job(ARGS, inject=["kill:rank=0:step=0"]), reference, 1)
+    assert_recovered(run_job(ARGS, inject=["kill:rank=3:step=39"]), reference, 1)
+
+
+def test_two_ranks_killed_in_the_same_step_with_one_spare_start_a_cold_replacement(reference):
+    assert_recovered(run_job(ARGS, inject=["kill:rank=0:step=9", "kill:rank=3:step=9"]), reference, 2)
+
+
+def test_second_failure_finds_the_reprovisioned_warm_spare():
+    # long enough that the spare started after the first failure is warm for the second
+    args = ["--model", "tiny", "--steps", "400"]
+    ref = run_job(args, spares=1)
+    r = run_job(args, spares=1, inject=["kill:rank=1:step=20", "kill:rank=1:step=380"])
+    assert r.code == 0, r.output
+    assert r.digest == ref.digest and r.report["steps_repeated"] == 0
+    first, second = r.report["failures"]
+    assert first["replacement"] == "w4" and second["replacement"] == "w5"   # w5: the re-provisioned spare
+    assert second["spare_was_warm"] and first["spare_was_warm"]
+
+
+def test_script_bug_is_not_failed_over_forever():
+    r = run_job(["30"], script=REPO / "tests" / "scripts" / "buggy.py", env={"BUG_RANK": "1", "BUG_STEP": "12"})
+    assert r.code == 1, r.output
+    assert "looks like a bug in the training script" in r.output
+    assert "KeyError: 'missing_key'" in r.output and 'buggy.py", line' in r.output
+    assert r.report["outcome"] == "stopped" and r.report["failures_total"] == 1
+
+
+def test_same_script_runs_under_plain_torchrun_with_the_same_digest(reference, tmp_path):
+    out = tmp_path / "digest"
+    with socket.socket() as sock:      # torchrun's --master-port 0 does not reach the workers
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                           "--master-port", str(port), str(EXAMPLE), *ARGS, "--digest", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert out.read_text().strip() == reference
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bogus-flag", "x.py"], "unrecognized arguments"),
+    (["--nproc", "4", "--", "no/such/script.py"], "not found"),
+    (["--nproc", "0", "--", str(EXAMPLE)], "--nproc must be at least 1"),
+    (["--spares", "-1", "--", str(EXAMPLE)], "--spares must be 0 or more"),
+    (["--inject", "kill:rank=2", "--", str(EXAMPLE)], "missing step"),
+    (["--inject", "explode:rank=2:step=1", "--", str(EXAMPLE)], "unknown fault kind"),
+    (["--nproc", "2", "--inject", "kill:rank=5:step=1", "--", str(EXAMPLE)], "rank 5 does not exist"),
+])
+def test_bad_input_gets_a_clear_error_and_exit_2(argv, message):
+    proc = subprocess.run([sys.executable, "-m", "hotspare", "run", *argv], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+
+
+def test_help_teaches_the_injection_grammar():
+    proc = subprocess.run([sys.executable, "-m", "hotspare", "run", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "kill:rank=R:step=S" in proc.stdout and "--spares" in proc.stdout

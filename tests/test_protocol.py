@@ -1,0 +1,36 @@
+import json
+
+import pytest
+
+from hotspare.agent.inject import parse
+from hotspare.errors import ConfigError, ProtocolError
+from hotspare.protocol.messages import decode, encode, make
+
+
+def test_roundtrip_and_validation():
+    msg = make("commit", gen=2, rank=1, step=7, dt=0.5, metrics={"loss": 1.0})
+    assert decode(encode(msg)) == msg
+
+
+@pytest.mark.parametrize("raw, match", [
+    (b"not json\n", "not valid JSON"),
+    (json.dumps([1, 2]).encode(), "JSON object"),
+    (json.dumps({"v": 99, "type": "step"}).encode(), "version"),
+    (json.dumps({"v": 1, "type": "shutdown_everything"}).encode(), "unknown message type"),
+    (json.dumps({"v": 1, "type": "step", "gen": 1, "rank": 0}).encode(), "lacks field 'step'"),
+    (json.dumps({"v": 1, "type": "step", "gen": 1, "rank": "0", "step": 1}).encode(), "must be int"),
+    (json.dumps({"v": 1, "type": "step", "gen": True, "rank": 0, "step": 1}).encode(), "must be int"),
+])
+def test_bad_messages_are_refused_with_a_reason(raw, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode(raw)
+
+
+def test_inject_grammar():
+    f = parse("kill:rank=2:step=60", world_size=4)
+    assert (f.kind, f.rank, f.step) == ("kill", 2, 60) and str(f) == "kill:rank=2:step=60"
+    for spec, match in [("boom:rank=1:step=1", "unknown fault kind"), ("kill:rank=1", "missing step"),
+                        ("kill:rank=x:step=1", "must be an integer"), ("kill:rank=9:step=1", "does not exist"),
+                        ("kill:rank=1:step=-3", ">= 0"), ("kill:rank=1:step=2:color=red", "bad field")]:
+        with pytest.raises(ConfigError, match=match):
+            parse(spec, world_size=4)
