@@ -94,6 +94,9 @@ DEFAULT_MIX: tuple[FailureKind, ...] = (
 )
 
 
+DEFAULT_RACK_NODES = 4  # nodes taken out by one correlated (rack-wide) event
+
+
 def shares(mix: tuple[FailureKind, ...]) -> list[float]:
     total = sum(k.weight for k in mix)
     return [k.weight / total for k in mix]
@@ -102,3 +105,9 @@ def shares(mix: tuple[FailureKind, ...]) -> list[float]:
 def mix_mean(mix: tuple[FailureKind, ...], field: str) -> float:
     """Share-weighted mean of one column (e.g. the fallback share p_f for ``destroys_state``)."""
     return sum(s * getattr(k, field) for s, k in zip(shares(mix), mix))
+
+
+def node_hours_per_failure(mix: tuple[FailureKind, ...], rack_nodes: int) -> float:
+    """Mean node-hours a failure takes out of service: repair time × nodes hit (a rack-wide
+    event hits ``rack_nodes``). Times the failure rate, it is the mean number of nodes in repair."""
+    return sum(s * k.repair_h * (1.0 + k.correlated * (rack_nodes - 1)) for s, k in zip(shares(mix), mix))
