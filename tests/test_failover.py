@@ -1,5 +1,6 @@
 """End to end, real processes and real signals: a run with injected faults must end with the
 same model state, bit for bit, as the same run without faults, losing and repeating no step."""
+import json
 import os
 import socket
 import subprocess
@@ -72,16 +73,16 @@ def test_script_bug_is_not_failed_over_forever():
 
 
 def test_same_script_runs_under_plain_torchrun_with_the_same_digest(reference, tmp_path):
-    out = tmp_path / "digest"
+    out = tmp_path / "stats.json"
     with socket.socket() as sock:      # torchrun's --master-port 0 does not reach the workers
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-                           "--master-port", str(port), str(EXAMPLE), *ARGS, "--digest", str(out)],
+                           "--master-port", str(port), str(EXAMPLE), *ARGS, "--stats", str(out)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert out.read_text().strip() == reference
+    assert json.loads(out.read_text())["digest"] == reference
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -23,6 +23,7 @@ from typing import Any
 from hotspare.agent.inject import Fault, Injector
 from hotspare.errors import ProtocolError
 from hotspare.protocol.channel import Channel
+from hotspare.protocol.messages import make
 
 Event = tuple[str, str, Any, float]       # (kind, worker, payload, time)
 
@@ -139,6 +140,26 @@ class NodeAgent:
         except OSError:
             return False
 
+    def _inject(self, wp: WorkerProc, fault: Fault, now: float) -> None:
+        if fault.kind == "exit":
+            # The worker's control thread calls os._exit(code): an abrupt exit with that status.
+            self.send(wp.worker, make("exit_now", code=fault.code))
+        else:
+            self.kill(wp.worker, fault.signal, group=False)
+        wp.injected.append((fault, now))
+        self.events.put(("injected", wp.worker, fault, now))
+
+    def proc_state(self, worker: str) -> str | None:
+        """The kernel's one-letter state of the worker's process (R, S, D, T, Z...), or None."""
+        wp = self.workers.get(worker)
+        if wp is None or wp.exit_code is not None:
+            return None
+        try:
+            with open(f"/proc/{wp.proc.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+
     def _accept(self) -> None:
         while True:
             try:
@@ -160,12 +181,16 @@ class NodeAgent:
                 if msg is None:
                     return
                 now = time.time()
-                if msg["type"] == "step":
+                kind = msg["type"]
+                fault = None
+                if kind == "step":
                     wp.rank, wp.last_step = msg["rank"], msg["step"]
-                    fault = self.injector.due(msg["rank"], msg["step"])
-                    if fault is not None:
-                        wp.injected.append((fault, self.kill(wp.worker, fault.signal)))
-                        self.events.put(("injected", wp.worker, fault, now))
+                    fault = self.injector.at_step(msg["rank"], msg["step"])
+                elif kind in ("joining", "transfer"):
+                    phase = "join" if kind == "joining" else "transfer"
+                    fault = self.injector.at_phase(msg["rank"], phase, msg["gen"])
+                if fault is not None:
+                    self._inject(wp, fault, now)
                 self.events.put(("msg", wp.worker, msg, now))
         except (OSError, ProtocolError) as e:
             # A bad message drops that connection only; the job goes on.

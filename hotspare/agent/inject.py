@@ -4,11 +4,10 @@ Grammar (one ``--inject`` per fault)::
 
     KIND:key=value[:key=value...]
 
-    kill:rank=R:step=S       SIGKILL the worker holding rank R when it starts step S
-
-The agent sends SIGKILL to the worker's process the moment that worker reports it has started step S, so the fault lands in
-the middle of the step (forward, backward or the gradient exchange), as a real one would.
-A fault fires once; the replacement that later runs step S again is left alone.
+A fault fires once: the replacement that later runs the same step is left alone. Triggers are
+the worker's own heartbeats, acted on by the agent the moment they arrive, so a fault lands in
+the middle of the step (forward, backward or the gradient exchange) or the recovery phase, as a
+real one would.
 """
 from __future__ import annotations
 
@@ -18,69 +17,101 @@ import signal
 from hotspare.errors import ConfigError
 
 GRAMMAR = """\
-fault injection (--inject, repeatable):
-  kill:rank=R:step=S    SIGKILL the process of rank R as soon as it starts step S
-                        (step counts from 0; the fault fires once, not on the replacement)
+fault injection (--inject, repeatable; steps count from 0; each fault fires once):
+  kill:rank=R:step=S          SIGKILL the process of rank R as soon as it starts step S
+  hang:rank=R:step=S          SIGSTOP it instead: a hang, found by heartbeat and fenced
+  exit:rank=R:step=S[:code=C] the worker exits abruptly with status C (default 1), as a
+                              crashing library would (its control thread calls os._exit)
+  kill:rank=R:phase=join      SIGKILL rank R when it starts joining a new generation
+  kill:rank=R:phase=transfer  SIGKILL rank R when it starts sending or receiving state
+                              (phase faults fire during recoveries, generation 2 and later,
+                              unless :gen=G names the generation)
 examples:
   --inject kill:rank=2:step=60
-  --inject kill:rank=0:step=0 --inject kill:rank=3:step=120"""
+  --inject hang:rank=1:step=30 --inject exit:rank=3:step=80:code=7
+  --inject kill:rank=0:step=10 --inject kill:rank=1:phase=transfer"""
 
-KINDS = {"kill": {"rank", "step"}}
+KINDS = ("kill", "hang", "exit")
+PHASES = ("join", "transfer")
+_KEYS = {"rank", "step", "code", "phase", "gen"}
 
 
 @dataclasses.dataclass
 class Fault:
     kind: str
     rank: int
-    step: int
+    step: int | None = None
+    phase: str | None = None
+    gen: int | None = None
+    code: int = 1
     fired: bool = False
 
     @property
-    def signal(self) -> signal.Signals:
-        return signal.SIGKILL
+    def signal(self) -> signal.Signals | None:
+        return {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}.get(self.kind)
 
     def __str__(self) -> str:
-        return f"{self.kind}:rank={self.rank}:step={self.step}"
+        where = f"step={self.step}" if self.phase is None else f"phase={self.phase}"
+        extra = f":code={self.code}" if self.kind == "exit" else ""
+        extra += f":gen={self.gen}" if self.gen is not None else ""
+        return f"{self.kind}:rank={self.rank}:{where}{extra}"
 
 
-def parse(spec: str, world_size: int | None = None, total_steps: int | None = None) -> Fault:
+def parse(spec: str, world_size: int | None = None) -> Fault:
     """Parse one ``--inject`` spec; raise ConfigError saying what to fix."""
     kind, _, rest = spec.partition(":")
     if kind not in KINDS:
         raise ConfigError(f"--inject {spec!r}: unknown fault kind {kind!r}; known: {', '.join(KINDS)}.\n{GRAMMAR}")
-    fields: dict[str, int] = {}
+    fields: dict[str, str] = {}
     for part in filter(None, rest.split(":")):
         key, eq, value = part.partition("=")
-        if not eq or key not in KINDS[kind]:
-            raise ConfigError(f"--inject {spec!r}: bad field {part!r}; {kind} takes "
-                              f"{', '.join(sorted(KINDS[kind]))} as key=value.\n{GRAMMAR}")
-        try:
-            fields[key] = int(value)
-        except ValueError:
-            raise ConfigError(f"--inject {spec!r}: {key} must be an integer, got {value!r}") from None
-        if fields[key] < 0:
-            raise ConfigError(f"--inject {spec!r}: {key} must be >= 0")
-    missing = KINDS[kind] - set(fields)
-    if missing:
-        raise ConfigError(f"--inject {spec!r}: missing {', '.join(sorted(missing))}.\n{GRAMMAR}")
-    if world_size is not None and fields["rank"] >= world_size:
-        raise ConfigError(f"--inject {spec!r}: rank {fields['rank']} does not exist (--nproc {world_size} "
+        if not eq or key not in _KEYS:
+            raise ConfigError(f"--inject {spec!r}: bad field {part!r}; use key=value with keys "
+                              f"{', '.join(sorted(_KEYS))}.\n{GRAMMAR}")
+        fields[key] = value
+    ints: dict[str, int] = {}
+    for key in ("rank", "step", "code", "gen"):
+        if key in fields:
+            try:
+                ints[key] = int(fields[key])
+            except ValueError:
+                raise ConfigError(f"--inject {spec!r}: {key} must be an integer, got {fields[key]!r}") from None
+            if ints[key] < 0:
+                raise ConfigError(f"--inject {spec!r}: {key} must be >= 0")
+    phase = fields.get("phase")
+    if "rank" not in ints:
+        raise ConfigError(f"--inject {spec!r}: missing rank.\n{GRAMMAR}")
+    if phase is None and "step" not in ints:
+        raise ConfigError(f"--inject {spec!r}: missing step (or phase=join|transfer).\n{GRAMMAR}")
+    if phase is not None:
+        if phase not in PHASES:
+            raise ConfigError(f"--inject {spec!r}: phase must be one of {', '.join(PHASES)}")
+        if kind != "kill" or "step" in ints:
+            raise ConfigError(f"--inject {spec!r}: phase= goes with kill and without step=")
+    if "code" in ints and kind != "exit":
+        raise ConfigError(f"--inject {spec!r}: code= only goes with exit")
+    if world_size is not None and ints["rank"] >= world_size:
+        raise ConfigError(f"--inject {spec!r}: rank {ints['rank']} does not exist (--nproc {world_size} "
                           f"gives ranks 0..{world_size - 1})")
-    if total_steps is not None and fields["step"] >= total_steps:
-        raise ConfigError(f"--inject {spec!r}: step {fields['step']} is never reached (the job runs "
-                          f"steps 0..{total_steps - 1})")
-    return Fault(kind, fields["rank"], fields["step"])
+    return Fault(kind, ints["rank"], ints.get("step"), phase, ints.get("gen"), ints.get("code", 1))
 
 
 class Injector:
-    """Decides, on each step heartbeat, whether a fault fires now."""
+    """Decides, on each heartbeat, whether a fault fires now."""
 
     def __init__(self, faults: list[Fault]):
         self.faults = faults
 
-    def due(self, rank: int, step: int) -> Fault | None:
+    def at_step(self, rank: int, step: int) -> Fault | None:
+        return self._take(lambda f: f.phase is None and f.rank == rank and f.step == step)
+
+    def at_phase(self, rank: int, phase: str, gen: int) -> Fault | None:
+        return self._take(lambda f: f.phase == phase and f.rank == rank
+                          and (gen == f.gen if f.gen is not None else gen >= 2))
+
+    def _take(self, match) -> Fault | None:
         for f in self.faults:
-            if not f.fired and f.rank == rank and f.step == step:
+            if not f.fired and match(f):
                 f.fired = True
                 return f
         return None

@@ -13,6 +13,7 @@ import sys
 
 SUBCOMMANDS = [
     ("run", "hotspare.cli.run"),
+    ("demo", "hotspare.cli.demo"),
     ("plan", "hotspare.cli.plan"),
     ("simulate", "hotspare.cli.simulate"),
 ]
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hotspare: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:          # `hotspare plan ... | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -47,6 +47,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="FILE", help="write a JSON report of the run here")
     p.add_argument("--log-every", type=int, default=0, metavar="K",
                    help="print a progress line every K steps (default: about 20 lines per run)")
+    p.add_argument("--hang-floor", type=float, default=2.0, metavar="SECONDS",
+                   help="a rank is hung when no step commits for max(FLOOR, FACTOR x median step "
+                        "time); it is then fenced (SIGKILL) and replaced (default: 2.0)")
+    p.add_argument("--hang-factor", type=float, default=10.0, metavar="FACTOR",
+                   help="see --hang-floor (default: 10). Until the first step commits the step time "
+                        "is taken to be FLOOR; a slow rank that still commits steps is never fenced")
+    p.add_argument("--join-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="time allowed to form a generation's process group; a member that dies "
+                        "while it forms costs at most this long (default: 5.0)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of the rendezvous store (default: 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=0,
                    help="port of the rendezvous store (default: 0, a free port)")
@@ -61,6 +70,10 @@ def _validate(args: argparse.Namespace) -> list:
         raise ConfigError(f"--nproc must be at least 1 (got {args.nproc}): it is the number of training ranks")
     if args.spares < 0:
         raise ConfigError(f"--spares must be 0 or more (got {args.spares})")
+    if args.join_timeout <= 0:
+        raise ConfigError("--join-timeout must be > 0 seconds")
+    if args.hang_floor <= 0 or args.hang_factor < 1:
+        raise ConfigError("--hang-floor must be > 0 seconds and --hang-factor >= 1")
     if args.log_every < 0:
         raise ConfigError(f"--log-every must be 0 (automatic) or more (got {args.log_every})")
     if not os.path.isfile(args.script):
@@ -96,14 +109,17 @@ def run(args: argparse.Namespace) -> int:
     env.update(WORLD_SIZE=str(args.nproc), LOCAL_WORLD_SIZE=str(args.nproc), MASTER_ADDR=args.master_addr,
                MASTER_PORT=str(store.port), ROLE_WORLD_SIZE=str(args.nproc), GROUP_WORLD_SIZE="1",
                TORCHELASTIC_RUN_ID="hotspare", PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_NUM_THREADS", "1")   # like torchrun: one compute thread per worker
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["HOTSPARE_JOIN_TIMEOUT"] = str(args.join_timeout)   # like torchrun: one compute thread per worker
     events: queue.Queue = queue.Queue()
     agent = NodeAgent([sys.executable, args.script, *args.script_args], env, events, Injector(faults))
     settings = {"script": args.script, "args": args.script_args, "nproc": args.nproc,
                 "spares": args.spares, "inject": [str(f) for f in faults]}
     ledger = Ledger(settings)
     view = ClusterView(world_size=args.nproc, total_steps=0, target_spares=args.spares)
-    coord = Coordinator(agent, events, view, ledger, log=log, log_every=args.log_every or 0)
+    coord = Coordinator(agent, events, view, ledger, log=log, log_every=args.log_every or 0,
+                        hang_floor=args.hang_floor, hang_factor=args.hang_factor,
+                        join_timeout=args.join_timeout)
     log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
     coord.start()
     try:

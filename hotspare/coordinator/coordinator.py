@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import sys
 import time
 from typing import Any, Callable
@@ -17,6 +18,7 @@ from hotspare.agent import NodeAgent, describe_exit
 from hotspare.coordinator.ledger import FailureRecord, Ledger
 from hotspare.errors import ProtocolError
 from hotspare.policy import decide as policy
+from hotspare.policy import hang
 from hotspare.protocol.messages import make
 
 
@@ -26,10 +28,18 @@ def _fmt_ranks(ranks) -> str:
 
 class Coordinator:
     def __init__(self, agent: NodeAgent, events: "queue.Queue", view: policy.ClusterView,
-                 ledger: Ledger, log: Callable[[str], None] = print, log_every: int = 0):
+                 ledger: Ledger, log: Callable[[str], None] = print, log_every: int = 0,
+                 hang_floor: float = hang.DEFAULT_FLOOR_S, hang_factor: float = hang.DEFAULT_FACTOR,
+                 join_timeout: float = 5.0):
         self.agent, self.events, self.view, self.ledger = agent, events, view, ledger
         self.log = log
         self.log_every = log_every
+        self.hang_floor, self.hang_factor, self.join_timeout = hang_floor, hang_factor, join_timeout
+        self.joined: set[int] = set()           # ranks that finished joining the current generation
+        self.progress_at = time.time()          # last commit, or the current generation forming
+        self.recovering_since: float | None = None
+        self.reducing: dict[int, int] = {}      # rank -> last step whose exchange it entered
+        self.fenced: dict[str, tuple[float, str]] = {}
         self.injected_at: dict[str, tuple[Any, float]] = {}
         self.exit_code: int | None = None
         self.debug = bool(os.environ.get("HOTSPARE_DEBUG"))
@@ -40,7 +50,8 @@ class Coordinator:
             self.agent.spawn("active", rank=rank)
         self._execute(policy.StartSpares(self.view.target_spares))
 
-    def run(self, poll: float = 0.5) -> int:
+    def run(self, poll: float = 0.25) -> int:
+        next_tick = time.time() + poll
         while True:
             try:
                 kind, worker, payload, t = self.events.get(timeout=poll)
@@ -48,6 +59,9 @@ class Coordinator:
                 kind = None
             if kind is not None:
                 self._handle(kind, worker, payload, t)
+            if time.time() >= next_tick:
+                next_tick = time.time() + poll
+                self._tick(time.time())
             if self.view.phase in ("finished", "stopped") and not self.agent.alive():
                 break
         return self.exit_code if self.exit_code is not None else 1
@@ -59,7 +73,8 @@ class Coordinator:
         if kind == "injected":
             wp = self.agent.workers[worker]
             self.injected_at[worker] = (payload, t)
-            self.log(f"FAULT   injected {payload} -> {payload.signal.name} to worker {worker} (pid {wp.proc.pid})")
+            how = payload.signal.name if payload.signal else f"exit with status {payload.code}"
+            self.log(f"FAULT   injected {payload} -> {how} to worker {worker} (pid {wp.proc.pid})")
             return
         if kind == "exit":
             desc = describe_exit(payload)
@@ -75,8 +90,27 @@ class Coordinator:
         if sig is not None:
             self._signal(sig, t)
 
+    def _tick(self, now: float) -> None:
+        if self.view.phase not in ("running", "recovering"):
+            return
+        activity = tuple(
+            hang.RankActivity(r, self.agent.workers[w].last_step, self.reducing.get(r),
+                              self.agent.proc_state(w) == "T")
+            for r, w in sorted(self.view.members.items()) if r not in self.view.lost)
+        limit = hang.threshold(self.ledger.step_times, self.hang_floor, self.hang_factor)
+        if self.view.phase == "recovering" or len(self.joined) < len(self.view.members):
+            limit += self.join_timeout          # forming a group may legitimately take that long
+        since = 0.0 if self.recovering_since is None else now - self.recovering_since
+        self._signal(policy.Tick(activity, now - self.progress_at, since, limit), now)
+
     def _to_signal(self, worker: str, msg: dict[str, Any], t: float) -> policy.Signal | None:
         kind = msg["type"]
+        if kind in ("joining", "transfer"):
+            return None                 # heartbeats of a recovery (and fault-injection triggers)
+        if kind == "reducing":
+            if msg["gen"] == self.view.generation:
+                self.reducing[msg["rank"]] = msg["step"]
+            return None
         if kind == "ready":
             wp = self.agent.workers[worker]
             if self.view.phase in ("finished", "stopped"):
@@ -108,15 +142,20 @@ class Coordinator:
     def _signal(self, sig: policy.Signal, t: float) -> None:
         policy.observe(self.view, sig)
         decision = policy.decide(self.view, sig, t)
-        if self.debug:
+        if self.debug and not (isinstance(sig, policy.Tick) and not decision.actions):
             self.log(f"debug   decide {type(sig).__name__} phase={self.view.phase} -> {decision}")
         for action in decision.actions:
             self._execute(action, decision.reason, t)
             policy.apply(self.view, action)
+        if self.view.phase == "recovering" and self.recovering_since is None:
+            self.recovering_since = t
+        elif self.view.phase != "recovering":
+            self.recovering_since = None
 
     # ------------------------------------------------------------------ bookkeeping
     def _on_commit(self, msg: dict[str, Any], t: float) -> None:
         rank, step = msg["rank"], msg["step"]
+        self.progress_at = max(self.progress_at, t)
         recovered = self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t)
         if recovered:
             for f in self.ledger.failures:
@@ -133,6 +172,8 @@ class Coordinator:
             self.log(f"step {step:>5}{total}  {extra}  {msg['dt'] * 1000:.0f} ms/step  gen {msg['gen']}")
 
     def _on_joined(self, msg: dict[str, Any], t: float) -> None:
+        if msg["gen"] == self.view.generation:
+            self.joined.add(msg["rank"])
         for f in self.ledger.open:
             if f.generation == msg["gen"]:
                 f.joined_at = max(f.joined_at or 0.0, t)
@@ -147,7 +188,13 @@ class Coordinator:
         wp = self.agent.workers[worker]
         crash = next((c for c in reversed(self.view.crashes) if c.worker == worker), None)
         injected = self.injected_at.get(worker)
-        kind = "exception" if crash else (describe_exit(code).split(" by ")[-1] if code < 0 else f"exit {code}")
+        fenced = self.fenced.get(worker)
+        if fenced:
+            kind, t = "hang", fenced[0]                  # detected when the detector fired
+        elif crash:
+            kind = "exception"
+        else:
+            kind = describe_exit(code).split(" by ")[-1] if code < 0 else f"exit {code}"
         rec = FailureRecord(kind=kind, rank=rank, worker=worker, step=wp.last_step, detected_at=t,
                             fault_at=injected[1] if injected else None,
                             error=crash.error if crash else None,
@@ -165,6 +212,12 @@ class Coordinator:
         elif isinstance(action, policy.AbortGeneration):
             for r in action.ranks:
                 self.agent.send(self.view.members[r], make("abort", gen=action.gen, reason=reason))
+        elif isinstance(action, policy.Fence):
+            for r in action.ranks:
+                worker = self.view.members[r]
+                self.fenced[worker] = (t, action.reason)
+                self.log(f"FENCE   rank {r} ({worker}): {action.reason}; SIGKILL to its process group")
+                self.agent.kill(worker, signal.SIGKILL, group=True)
         elif isinstance(action, policy.StartSpares):
             for _ in range(action.count):
                 self.agent.spawn("spare")
@@ -201,6 +254,8 @@ class Coordinator:
         else:
             self.log(f"START   generation 1: ranks 0-{len(a.members) - 1} on workers "
                      f"{_fmt_ranks(a.members.values())}; {reason}")
+        self.progress_at = now
+        self.reducing, self.joined = {}, set()
         for rank, worker in a.members.items():
             self.agent.workers[worker].rank = rank
             self.agent.send(worker, make("generation", gen=a.gen, rank=rank, world=len(a.members),

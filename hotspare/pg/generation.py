@@ -20,11 +20,14 @@ import datetime
 import os
 import socket
 import threading
+import time
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, ProcessGroupGloo
+
+from hotspare.errors import PeerFailure
 
 
 def _socket_fds() -> dict[int, str]:
@@ -61,21 +64,93 @@ def _shutdown_connected(fds: dict[int, str]) -> int:
     return n
 
 
+class AbortableStore(dist.Store):
+    """A store whose blocking reads give up as soon as the generation is aborted.
+
+    Forming a group waits in the store for every member's address; if a member dies meanwhile,
+    plain TCPStore reads would wait out their whole timeout. Reads here poll instead, and raise
+    ``PeerFailure`` the moment ``abort`` is set."""
+
+    def __init__(self, inner: dist.Store, aborted: "threading.Event", timeout_s: float):
+        super().__init__()
+        self._inner, self._aborted, self._timeout_s = inner, aborted, timeout_s
+
+    def _await(self, keys: list[str]) -> None:
+        delay, deadline = 0.001, time.monotonic() + self._timeout_s
+        while not self._inner.check(keys):
+            if self._aborted.is_set():
+                raise PeerFailure("generation aborted while forming")
+            if time.monotonic() > deadline:
+                raise PeerFailure(f"timed out after {self._timeout_s:.0f} s waiting for {keys} "
+                                  "while forming the generation")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    def get(self, key):
+        self._await([key])
+        return self._inner.get(key)
+
+    def wait(self, keys, timeout=None):
+        self._await(list(keys))
+
+    def set(self, key, value):
+        return self._inner.set(key, value)
+
+    def add(self, key, amount):
+        return self._inner.add(key, amount)
+
+    def check(self, keys):
+        return self._inner.check(keys)
+
+    def compare_set(self, key, expected, desired):
+        return self._inner.compare_set(key, expected, desired)
+
+    def delete_key(self, key):
+        return self._inner.delete_key(key)
+
+    def num_keys(self):
+        return self._inner.num_keys()
+
+    def set_timeout(self, timeout):
+        return self._inner.set_timeout(timeout)
+
+    @property
+    def timeout(self):
+        return self._inner.timeout
+
+
 class GenerationGroup:
-    """The default process group of one generation, with a reliable ``abort``."""
+    """The default process group of one generation, with a reliable ``abort``.
+
+    Create it, publish it where an abort can reach it, then ``connect()``: an abort during the
+    rendezvous makes ``connect`` raise ``PeerFailure`` instead of waiting for a dead member."""
 
     def __init__(self, store: dist.Store, gen: int, rank: int, world: int, prefix: str,
-                 backend: str = "gloo", timeout_s: float = 120.0):
+                 backend: str = "gloo", join_timeout_s: float = 5.0, timeout_s: float = 1800.0):
         self.gen, self.rank, self.world, self.backend = gen, rank, world, backend
+        # Forming the group gets a short timeout: gloo retries connecting to a member that died
+        # after publishing its address until this runs out, and an abort cannot cut that short.
+        # Collectives then keep torch's 30-minute default: hangs are found by heartbeats and
+        # fenced long before that (see policy/hang.py); it is only a last line of defence.
+        self.join_timeout = datetime.timedelta(seconds=join_timeout_s)
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self._store = dist.PrefixStore(prefix, store)
+        self._aborted = threading.Event()
+        self._store = AbortableStore(dist.PrefixStore(prefix, store), self._aborted, join_timeout_s)
         self._lock = threading.Lock()
         self._fds: dict[int, str] = {}
-        self.aborted = False
         self.subgroups: list[dist.ProcessGroup] = []
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted.is_set()
+
+    def connect(self) -> None:
         with self._recording():
-            dist.init_process_group(backend, store=self._store, rank=rank, world_size=world,
-                                    timeout=self.timeout)
+            dist.init_process_group(self.backend, store=self._store, rank=self.rank,
+                                    world_size=self.world, timeout=self.join_timeout)
+        if self.backend == "gloo":
+            default = dist.distributed_c10d._get_default_group()
+            default._get_backend(torch.device("cpu")).set_timeout(self.timeout)
 
     @property
     def store(self) -> dist.Store:
@@ -106,7 +181,7 @@ class GenerationGroup:
 
         Safe to call from any thread, any number of times."""
         with self._lock:
-            self.aborted = True
+            self._aborted.set()
             fds = dict(self._fds)
         if self.backend == "nccl":  # pragma: no cover - needs GPUs
             from torch.distributed.distributed_c10d import _abort_process_group

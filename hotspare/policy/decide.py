@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Union
 
+from hotspare.policy.hang import RankActivity, find_hung
 from hotspare.policy.recovery import plan_recovery
 
 
@@ -64,7 +65,16 @@ class Done:
     digest: str
 
 
-Signal = Union[WorkerReady, WorkerExited, StepFailed, Crashed, Done]
+@dataclass(frozen=True)
+class Tick:
+    """Periodic: the heartbeat picture the hang detector needs (see policy/hang.py)."""
+    activity: tuple[RankActivity, ...]
+    stalled_for: float         # seconds since the last committed step (or the generation formed)
+    recovering_for: float      # seconds since this recovery began (0 when running)
+    limit: float               # the hang threshold now
+
+
+Signal = Union[WorkerReady, WorkerExited, StepFailed, Crashed, Done, Tick]
 
 
 # ---------------------------------------------------------------------------- actions
@@ -85,6 +95,13 @@ class AbortGeneration:
 
 
 @dataclass(frozen=True)
+class Fence:
+    """Kill these ranks' processes for sure (process group, SIGKILL) before reassigning them."""
+    ranks: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
 class StartSpares:
     count: int
 
@@ -100,7 +117,7 @@ class Stop:
     message: str
 
 
-Action = Union[FormGeneration, AbortGeneration, StartSpares, Release, Stop]
+Action = Union[FormGeneration, AbortGeneration, Fence, StartSpares, Release, Stop]
 
 
 @dataclass(frozen=True)
@@ -127,6 +144,8 @@ class ClusterView:
     crashes: list[Crashed] = field(default_factory=list)
     done: dict[int, Done] = field(default_factory=dict)
     reforms: dict[int, int] = field(default_factory=dict)        # step -> re-forms with nobody lost
+    fenced: set[int] = field(default_factory=set)                # ranks of this gen being fenced
+    aborted: bool = False                                        # this gen was aborted for a stall
 
     def rank_of(self, worker: str) -> int | None:
         for r, w in self.members.items():
@@ -177,9 +196,14 @@ def apply(view: ClusterView, action: Action) -> None:
         if not view.lost:
             view.reforms[action.target + 1] = view.reforms.get(action.target + 1, 0) + (action.gen > 1)
         view.lost, view.reports, view.done = set(), {}, {}
+        view.fenced, view.aborted = set(), False
         view.phase = "running"
     elif isinstance(action, StartSpares):
         view.starting += action.count
+    elif isinstance(action, Fence):
+        view.fenced.update(action.ranks)
+    elif isinstance(action, AbortGeneration):
+        view.aborted = True
     elif isinstance(action, Release):
         view.phase = "finished"
     elif isinstance(action, Stop):
@@ -190,6 +214,9 @@ def apply(view: ClusterView, action: Action) -> None:
 def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
     if view.phase in ("finished", "stopped"):
         return Decision((), f"job already {view.phase}")
+
+    if isinstance(sig, Tick):
+        return _on_tick(view, sig)
 
     if isinstance(sig, Crashed):
         repeat = [c for c in view.crashes[:-1] if c.step == sig.step and c.worker != sig.worker]
@@ -235,6 +262,23 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
         actions.append(Release(f"all ranks finished step {max(final)}"))
         reasons.append("training complete")
     return Decision(tuple(actions), "; ".join(reasons) or "nothing to do")
+
+
+def _on_tick(view: ClusterView, tick: Tick) -> Decision:
+    if view.phase == "running":
+        active = tuple(a for a in tick.activity if a.rank not in view.fenced)
+        hung, reason = find_hung(active, tick.stalled_for, tick.limit)
+        if hung:
+            return Decision((Fence(hung, reason),), reason)
+        if reason and not view.aborted:
+            return Decision((AbortGeneration(view.generation, tuple(sorted(view.members))),), reason)
+    elif view.phase == "recovering" and tick.recovering_for >= tick.limit:
+        silent = tuple(sorted(set(view.members) - view.lost - set(view.reports) - view.fenced))
+        if silent:
+            reason = (f"rank(s) {list(silent)} did not report within {tick.limit:.1f} s of the "
+                      "recovery starting: fencing them as hung")
+            return Decision((Fence(silent, reason),), reason)
+    return Decision((), "")
 
 
 def _spares_needed(view: ClusterView) -> int:

@@ -29,6 +29,10 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"worker": _STR, "pid": _INT, "role": _STR},
     "ready": {"worker": _STR, "committed": _INT},
     "step": {"gen": _INT, "rank": _INT, "step": _INT},
+    "reducing": {"gen": _INT, "rank": _INT, "step": _INT},
+    "joining": {"gen": _INT, "rank": _INT},
+    "transfer": {"gen": _INT, "rank": _INT, "role": _STR},
+    "checkpointed": {"gen": _INT, "rank": _INT, "step": _INT, "path": _STR},
     "commit": {"gen": _INT, "rank": _INT, "step": _INT, "dt": _NUM},
     "failed": {"gen": _INT, "rank": _INT, "committed": _INT, "error": _STR},
     "crash": {"gen": _INT, "rank": _INT, "step": _INT, "error": _STR, "traceback": _STR},
@@ -39,6 +43,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
                    "target": _INT, "source": _INT, "receivers": _LIST},
     "abort": {"gen": _INT, "reason": _STR},
     "release": {"reason": _STR},
+    "exit_now": {"code": _INT},
 }
 
 

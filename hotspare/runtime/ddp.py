@@ -39,12 +39,13 @@ def reset_after_failure(ddp: DDP) -> None:
 
 def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against real classes
     buf = bucket.buffer()
+    job._entering_reduction()
     if job._generation_broken():
         # Never raise inside the hook: that leaves DDP's reducer half-way through a bucket.
-        # A failed future is reported by backward() like any communication error.
+        # A future whose callback fails is reported by backward() like any communication error.
         fut: torch.futures.Future = torch.futures.Future()
-        fut.set_exception(PeerFailure(f"generation {job.generation} was aborted"))
-        return fut
+        fut.set_result(buf)
+        return fut.then(_aborted(job.generation))
     # Same arithmetic as DDP's built-in reduction (multiply by 1/world while copying), so the
     # result is bitwise equal to plain DDP's with the same layout.
     buf.mul_(1.0 / job.world_size)
@@ -58,6 +59,12 @@ def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against rea
             raise
 
     return fut.then(done)
+
+
+def _aborted(gen: int):
+    def fail(_f: torch.futures.Future) -> torch.Tensor:
+        raise PeerFailure(f"generation {gen} was aborted")
+    return fail
 
 
 def _broadcast_buffers_hook(job: "Job"):

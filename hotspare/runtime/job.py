@@ -49,6 +49,7 @@ from hotspare.transfer import broadcast_state
 ENV_AGENT = "HOTSPARE_AGENT"          # host:port of the node agent; its presence means "managed"
 ENV_WORKER = "HOTSPARE_WORKER_ID"
 ENV_ROLE = "HOTSPARE_ROLE"            # "active" or "spare"
+ENV_JOIN_TIMEOUT = "HOTSPARE_JOIN_TIMEOUT"   # seconds to form a generation's group
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
 _COMM_MARKERS = ("gloo/transport", "nccl", "connection reset", "connection closed",
@@ -98,6 +99,9 @@ class Job:
         self._finished = False
         self._total = 0
         self._ddps: list[torch.nn.Module] = []
+        self.step_times: list[float] = []   # seconds per committed step on this rank
+        self._reducing_step: int | None = None
+        self._aborted_upto = 0               # newest generation the coordinator aborted
 
     # ------------------------------------------------------------------ set-up
     def _init(self) -> None:
@@ -212,6 +216,7 @@ class Job:
         if ev is None:
             self.committed = self._applied = step
             dt = time.perf_counter() - self._step_t0
+            self.step_times.append(dt)
             if self.managed:
                 self._channel.send(make("commit", gen=self.generation, rank=self.rank, step=step,
                                         dt=dt, metrics=self._metrics))
@@ -243,6 +248,14 @@ class Job:
         if "internal assert" in text:
             return False
         return isinstance(ev, RuntimeError) and any(m in text for m in _COMM_MARKERS)
+
+    def _entering_reduction(self) -> None:
+        """Called by the comm hook on each bucket: tell the agent once per step that this rank
+        reached the gradient exchange (the hang detector tells the stuck rank from the waiting)."""
+        step = self._current
+        if step is not None and step != self._reducing_step and self._channel is not None:
+            self._reducing_step = step
+            self._channel.send(make("reducing", gen=self.generation, rank=self.rank, step=step))
 
     def _note_comm_error(self, e: BaseException) -> None:
         self._comm_error = f"{type(e).__name__}: {str(e)[:300]}"
@@ -289,7 +302,12 @@ class Job:
         t0 = time.perf_counter()
         self.generation, self.rank, self.world_size = msg["gen"], msg["rank"], msg["world"]
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
-        self._group = GenerationGroup(self._store, msg["gen"], msg["rank"], msg["world"], msg["prefix"])
+        self._channel.send(make("joining", gen=self.generation, rank=self.rank))
+        self._group = GenerationGroup(self._store, msg["gen"], msg["rank"], msg["world"], msg["prefix"],
+                                      join_timeout_s=float(os.environ.get(ENV_JOIN_TIMEOUT, 5.0)))
+        if self._group.gen <= self._aborted_upto:
+            self._group.abort()
+        self._group.connect()            # published first, so an abort can interrupt the rendezvous
         rebuild_s = time.perf_counter() - t0
         nbytes, transfer_s = 0, 0.0
         if self.registry:
@@ -316,6 +334,9 @@ class Job:
         members = sorted({source, *receivers})
         group = None if len(members) == self.world_size else self._group.new_subgroup(members)
         key = f"state/{source}"
+        if self.rank == source or self.rank in receivers:
+            self._channel.send(make("transfer", gen=self.generation, rank=self.rank,
+                                    role="source" if self.rank == source else "receiver"))
         if self.rank == source:
             if self.committed != target:
                 raise StateMismatch(f"rank {self.rank} was chosen as source for step {target} "
@@ -335,15 +356,8 @@ class Job:
         return stats.bytes, stats.seconds
 
     def _read_manifest(self, key: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 300
-        while True:
-            self._check_generation()
-            try:
-                self._group.store.wait([key], _timedelta(0.5))
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise PeerFailure("state source never published its manifest") from None
+        # The generation's store read gives up with PeerFailure if the generation is aborted
+        # (e.g. the source died before publishing).
         manifest = json.loads(self._group.store.get(key))
         if not isinstance(manifest, dict) or not {"step", "entries", "trees"} <= set(manifest):
             raise StateMismatch("malformed state manifest from the source rank")
@@ -373,9 +387,13 @@ class Job:
                 if msg is None:
                     break
                 if msg["type"] == "abort":
+                    # Remember it: the abort may overtake the generation's group being built.
+                    self._aborted_upto = max(self._aborted_upto, msg["gen"])
                     group = self._group
-                    if group is not None and msg["gen"] == group.gen:
+                    if group is not None and group.gen <= self._aborted_upto:
                         group.abort()
+                elif msg["type"] == "exit_now":       # injected fault: an abrupt exit
+                    os._exit(msg["code"])
                 else:
                     self._inbox.put(msg)
         except (OSError, ProtocolError) as e:

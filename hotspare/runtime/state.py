@@ -140,7 +140,9 @@ class StateRegistry:
         if missing:
             raise StateMismatch(f"tracked objects differ: source has {sorted(manifest['trees'])}, "
                                 f"this rank has {sorted(self._objs)}; every rank must track the same names")
-        dsts, needs_load = [], set()
+        dsts: list[torch.Tensor | None] = []
+        needs_load: set[str] = set()
+        fresh: list[tuple[int, torch.dtype, list[int]]] = []
         for path, dtype, shape in manifest["entries"]:
             path = tuple(path)
             dt = _dtype(dtype)
@@ -152,8 +154,19 @@ class StateRegistry:
                     got = "missing" if t is None else f"{t.dtype} {list(t.shape)}"
                     raise StateMismatch(f"model state {'.'.join(map(str, path[1:]))}: source has "
                                         f"{dtype} {shape}, this rank has {got}; all ranks must build the same model")
-                dsts.append(torch.empty(shape, dtype=dt))
+                fresh.append((len(dsts), dt, shape))
+                dsts.append(None)
                 needs_load.add(path[0])
+        # Fresh tensors (a spare's empty optimizer state) are carved out of one buffer per dtype
+        # in manifest order, so the transfer can receive whole buckets straight into them.
+        for dt in {d for _, d, _ in fresh}:
+            mine = [(i, shape) for i, d, shape in fresh if d == dt]
+            pool = torch.empty(sum(math.prod(shape) for _, shape in mine), dtype=dt)
+            off = 0
+            for i, shape in mine:
+                n = math.prod(shape)
+                dsts[i] = pool[off:off + n].view(shape)
+                off += n
         local_paths = {p for p, _ in local.tensors}
         sent_paths = {tuple(e[0]) for e in manifest["entries"]}
         for name in self._objs:

@@ -27,7 +27,8 @@ class JobResult:
 
 def run_job(script_args: list[str], nproc: int = 4, spares: int = 1, inject: list[str] = (),
             script: str | Path = EXAMPLE, extra: list[str] = (), timeout: float = 300,
-            env: dict[str, str] | None = None) -> JobResult:
+            env: dict[str, str] | None = None, stream: bool = False) -> JobResult:
+    """Run a job; ``stream=True`` lets its output through to the terminal instead of capturing it."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
         cmd = [sys.executable, "-m", "hotspare", "run", "--nproc", str(nproc), "--spares", str(spares),
@@ -35,7 +36,7 @@ def run_job(script_args: list[str], nproc: int = 4, spares: int = 1, inject: lis
         for spec in inject:
             cmd += ["--inject", spec]
         cmd += ["--", str(script), *script_args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+        proc = subprocess.run(cmd, capture_output=not stream, text=True, timeout=timeout,
                               env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         data = json.load(open(report)) if os.path.exists(report) else None
-        return JobResult(proc.returncode, proc.stdout + proc.stderr, data)
+        return JobResult(proc.returncode, "" if stream else proc.stdout + proc.stderr, data)

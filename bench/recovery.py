@@ -1,0 +1,178 @@
+"""Recovery benchmark: downtime per failure, steady-state overhead, state-transfer throughput.
+
+    python bench/recovery.py                 # ~5M-parameter GPT, 4 ranks (about 6 minutes here)
+    python bench/recovery.py --quick         # smaller and shorter, for a smoke check
+
+Everything is measured side by side in one invocation and reported as ratios where a ratio is
+the point (this machine is noisy; absolute times are context):
+1. downtime per failure, split into detect / decide / rebuild groups / transfer state / first
+   committed step, from hotspare's own report of a run with SIGKILLs injected;
+2. steady-state per-step overhead of hotspare against the same script under plain torchrun
+   (median step time, runs interleaved A/B/A/B so drift hits both);
+3. state-transfer throughput of hotspare's bucketed, checksummed broadcast against one raw gloo
+   broadcast of the same number of bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hotspare.testing import run_job  # noqa: E402
+from hotspare.testing.local import EXAMPLE  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------- 1. downtime
+def downtime(model: str, steps: int, kills: list[int]) -> list[dict]:
+    inject = [f"kill:rank={1 + i % 3}:step={s}" for i, s in enumerate(kills)]
+    r = run_job(["--model", model, "--steps", str(steps)], nproc=4, spares=1, inject=inject, timeout=1800)
+    assert r.code == 0 and r.report, r.output[-3000:]
+    return r.report["failures"]
+
+
+# ---------------------------------------------------------------------------- 2. overhead
+def _median_step(cmd: list[str], stats: str, env: dict) -> float:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    times = json.load(open(stats))["step_times"]
+    return statistics.median(times[5:])             # skip warm-up steps
+
+
+def overhead(model: str, steps: int, rounds: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    hs, tr = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        stats = os.path.join(tmp, "stats.json")
+        args = [str(EXAMPLE), "--model", model, "--steps", str(steps), "--stats", stats]
+        for _ in range(rounds):
+            tr.append(_median_step([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                                    "--master-port", str(free_port()), *args], stats, env))
+            hs.append(_median_step([sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1",
+                                    "--", *args], stats, env))
+    ratio = statistics.median(h / t for h, t in zip(hs, tr))
+    return {"torchrun_median_step_s": tr, "hotspare_median_step_s": hs, "ratio": ratio}
+
+
+# ---------------------------------------------------------------------------- 3. transfer
+def _transfer_worker(rank: int, port: int, model: str, reps: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(REPO / "examples"))
+    from gpt_stdlib import GPT, PRESETS
+
+    from hotspare.runtime.state import StateRegistry
+    from hotspare.transfer import broadcast_state
+
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    torch.manual_seed(rank)
+    m = GPT(*PRESETS[model])
+    opt = torch.optim.AdamW(m.parameters())
+    if rank == 0:                                     # the source has Adam's state; the receiver,
+        m(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long)).backward()
+        opt.step()                                    # like a fresh spare, has none yet
+    reg = StateRegistry()
+    reg.add("model", m)
+    reg.add("optimizer", opt)
+    manifest = json.loads(json.dumps(reg.snapshot().manifest(0)) if rank == 0 else "null")
+    store.set("manifest", json.dumps(manifest)) if rank == 0 else None
+    manifest = json.loads(store.get("manifest"))
+    nbytes = sum(math.prod(shape) * getattr(torch, dt).itemsize for _, dt, shape in manifest["entries"])
+    flat = torch.zeros(nbytes // 4)
+    hs, raw = [], []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.broadcast(flat, src=0)
+        raw.append(time.perf_counter() - t0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:                                 # exactly what Job._sync_state does
+            broadcast_state([t.detach() for _, t in reg.snapshot().tensors], src=0, group=None, is_source=True)
+        else:
+            dsts, needs = reg.prepare_receive(manifest)
+            broadcast_state(dsts, src=0, group=None, is_source=False)
+            with torch.no_grad():
+                reg.finish_receive(manifest, dsts, needs)
+        hs.append(time.perf_counter() - t0)
+    if rank == 1:
+        json.dump({"bytes": nbytes, "hotspare_s": hs, "raw_s": raw}, open(out, "w"))
+    dist.barrier()
+    os._exit(0)
+
+
+def transfer(model: str, reps: int) -> dict:
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "t.json")
+        port = free_port()
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_transfer_worker, args=(r, port, model, reps, out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(600)
+        data = json.load(open(out))
+    h, r = statistics.median(data["hotspare_s"]), statistics.median(data["raw_s"])
+    return {"bytes": data["bytes"], "hotspare_GBps": data["bytes"] / h / 1e9,
+            "raw_GBps": data["bytes"] / r / 1e9, "ratio": r / h}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="1m model, fewer steps and rounds")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    model = "1m" if args.quick else "5m"
+    steps, rounds, reps = (60, 2, 5) if args.quick else (150, 3, 10)
+    print(f"model {model}, 4 ranks + 1 spare, CPU/gloo, {os.cpu_count()} cores", flush=True)
+
+    print("\n1. downtime per failure (SIGKILL mid-step, warm spare)", flush=True)
+    kills = [15, 40] if args.quick else [30, 80, 130]
+    fails = downtime(model, steps + (20 if args.quick else 0), kills)
+    phases = ["detect", "decide", "rebuild_groups", "transfer_state", "first_committed_step"]
+    print(f"   {'step':>5} " + " ".join(f"{ph:>21}" for ph in phases) + f" {'downtime':>9} {'lost':>4}")
+    for f in fails:
+        print(f"   {f['step']:>5} " + " ".join(f"{1000 * (f['phases_s'][ph] or 0):>18.0f} ms" for ph in phases)
+              + f" {f['downtime_s']:>7.2f} s {f['lost_steps']:>4}")
+    med_down = statistics.median(f["downtime_s"] for f in fails)
+
+    print("\n2. steady-state overhead vs plain torchrun (same script, median step time)", flush=True)
+    ov = overhead(model, steps, rounds)
+    for t, h in zip(ov["torchrun_median_step_s"], ov["hotspare_median_step_s"]):
+        print(f"   torchrun {1000 * t:7.1f} ms   hotspare {1000 * h:7.1f} ms   ratio {h / t:.4f}")
+
+    print("\n3. state transfer vs raw gloo broadcast of the same bytes (2 processes)", flush=True)
+    tr = transfer(model, reps)
+    print(f"   {tr['bytes'] / 1e6:.1f} MB: hotspare {tr['hotspare_GBps']:.2f} GB/s, raw {tr['raw_GBps']:.2f} GB/s")
+
+    print("\nsummary")
+    print(f"   median downtime per failure        {med_down:.2f} s   (target < 2 s)")
+    print(f"   hotspare / torchrun step time      {ov['ratio']:.4f}   (target < 1.005)")
+    print(f"   transfer throughput / raw          {tr['ratio']:.2f}     (target >= 0.80)")
+    if args.json:
+        json.dump({"failures": fails, "overhead": ov, "transfer": tr}, open(args.json, "w"), indent=2)
+
+
+if __name__ == "__main__":
+    main()

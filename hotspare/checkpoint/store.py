@@ -1,0 +1,485 @@
+"""Persistent checkpoints: the last resort when no in-memory copy of the state survives.
+
+hotspare recovers from a failure by copying the state from a surviving replica to a warm
+spare; a checkpoint on storage is read only when every copy is gone (e.g. a bug or power
+event that kills all ranks at once). It is therefore optional, written asynchronously, and
+its one job is to be *valid* whenever it is needed.
+
+Layout of a checkpoint ``directory``::
+
+    LATEST                     the name of the newest complete checkpoint ("step-000001200")
+    step-000001200/            one complete checkpoint
+        .metadata, __0_0.distcp    the tensors, written by torch.distributed.checkpoint (DCP)
+        hotspare.json              sidecar: version, step, fingerprint, digest, dtypes/shapes, meta
+    .tmp-step-1300-4711/       a write in progress (or the remains of a crashed one); ignored
+
+Atomicity protocol (a crash at any point leaves the previous checkpoint valid):
+
+1. Write everything into a private ``.tmp-step-<N>-<pid>/``: the DCP payload (DCP fsyncs its
+   files), then ``hotspare.json`` (fsynced), then fsync the folder itself.
+2. ``os.rename`` it to ``step-<N:09d>/`` -- atomic on POSIX file systems -- and fsync the
+   parent. A ``step-*`` folder therefore only ever exists complete; ``.tmp-*`` ones never count.
+3. Point ``LATEST`` at it: write a temporary file, fsync, ``os.replace`` (atomic), fsync the
+   parent. A crash between 2 and 3 leaves ``LATEST`` at the previous, still complete,
+   checkpoint.
+4. Prune: keep the newest ``keep`` complete checkpoints, never the one ``LATEST`` names.
+
+Why one writer: the ranks of a data-parallel job hold identical state, so the lowest live
+rank writes alone with ``no_dist=True``. No process group is involved, so a checkpoint can
+be written (and read) while the group is broken -- exactly when it is needed -- and there is
+no collective that a dead peer could hang.
+
+Verification on load: ``hotspare.json`` is plain JSON and is checked (version, fingerprint)
+*before* DCP reads anything; after the tensors are read their sha256 digest (over sorted
+keys, dtypes, shapes and bytes) must equal the recorded one. A corrupt or foreign checkpoint
+is refused with a ``CheckpointError`` saying what to do.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException as _DCPError  # a BaseException
+
+from hotspare.errors import HotspareError
+
+FORMAT_VERSION = 1
+SIDECAR = "hotspare.json"
+LATEST = "LATEST"
+_STEP_RE = re.compile(r"^step-(\d{9,})$")
+_TMP_RE = re.compile(r"^\.tmp-step-(\d+)-(\d+)$")
+
+# dcp.save/load(no_dist=True) warn on every call that they assume a single process; that is
+# exactly our intent (one writer, see the module docstring). A process-wide filter, because
+# warnings.catch_warnings() is not thread-safe and the writes run in a background thread.
+warnings.filterwarnings(
+    "ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
+
+
+class CheckpointError(HotspareError):
+    """A checkpoint cannot be written, found or trusted. The message says what to do."""
+
+
+@dataclass
+class CheckpointInfo:
+    path: str           # the step-<N> folder
+    step: int
+    fingerprint: str
+    digest: str         # sha256 over the tensors (sorted keys, dtype, shape, bytes)
+    nbytes: int         # bytes of tensor data
+    saved_at: float     # time.time() when the write finished
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def fingerprint_of(shapes: dict[str, tuple[str, list[int]]]) -> str:
+    """sha256 of the sorted ``(key, dtype, shape)`` triples: identifies a job's model structure.
+
+    ``dtype`` may be a string ("torch.float32") or a ``torch.dtype``.
+    """
+    items = [[k, str(d), [int(s) for s in shape]] for k, (d, shape) in sorted(shapes.items())]
+    return hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()
+
+
+def _byte_view(t: torch.Tensor):
+    flat = t.detach().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return b""
+    return flat.view(torch.uint8).numpy()   # zero-copy; works for bf16/bool/any dtype
+
+
+def tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors in sorted-key order, including each one's dtype and shape."""
+    h = hashlib.sha256()
+    for key in sorted(tensors):
+        t = tensors[key]
+        head = json.dumps([key, str(t.dtype), list(t.shape)], separators=(",", ":")).encode()
+        h.update(len(head).to_bytes(8, "little"))
+        h.update(head)
+        h.update(_byte_view(t.cpu()))
+    return h.hexdigest()
+
+
+def _meta_digest(meta_json: str) -> str:
+    return hashlib.sha256(meta_json.encode()).hexdigest()
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+def _why(e: BaseException) -> str:
+    """A short reason; DCP wraps the real error per rank in a CheckpointException."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+            inner = inner[0]    # DCP's (exception, traceback) pair
+        if isinstance(inner, BaseException):
+            e = inner
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text[:300]}"
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:     # e.g. platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_file_durably(path: str, data: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _step_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def _read_sidecar(ckpt_dir: str) -> dict:
+    """The parsed ``hotspare.json`` of a checkpoint folder; CheckpointError if absent or bad."""
+    path = os.path.join(ckpt_dir, SIDECAR)
+    try:
+        with open(path, encoding="utf-8") as f:
+            side = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"not a hotspare checkpoint: {path} is missing (a checkpoint folder is the "
+            f"'step-<N>' folder that save() wrote, or its parent directory)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(
+            f"corrupt checkpoint {ckpt_dir}: {SIDECAR} cannot be read ({e}); load an older "
+            f"checkpoint by passing its step-<N> folder, or delete this one") from None
+    if not isinstance(side, dict) or "version" not in side:
+        raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {SIDECAR} has no format version")
+    if side["version"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {ckpt_dir} has format version {side['version']!r}; this hotspare "
+            f"reads version {FORMAT_VERSION}: load it with the hotspare release that wrote it")
+    for field, typ in (("step", int), ("fingerprint", str), ("digest", str), ("nbytes", int),
+                       ("saved_at", (int, float)), ("tensors", dict), ("meta_digest", str)):
+        if not isinstance(side.get(field), typ):
+            raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {SIDECAR} lacks a valid "
+                                  f"{field!r}")
+    return side
+
+
+def _info(ckpt_dir: str, side: dict) -> CheckpointInfo:
+    return CheckpointInfo(path=ckpt_dir, step=side["step"], fingerprint=side["fingerprint"],
+                          digest=side["digest"], nbytes=side["nbytes"],
+                          saved_at=float(side["saved_at"]))
+
+
+def _complete(directory: str) -> list[tuple[int, str]]:
+    """(step, folder) of every ``step-*`` folder with a readable sidecar, oldest first."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        m = _STEP_RE.match(name)
+        if m and os.path.isfile(os.path.join(directory, name, SIDECAR)):
+            out.append((int(m.group(1)), os.path.join(directory, name)))
+    return sorted(out)
+
+
+def _latest_name(directory: str) -> str | None:
+    try:
+        with open(os.path.join(directory, LATEST), encoding="utf-8") as f:
+            name = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if _STEP_RE.match(name) else None
+
+
+# --------------------------------------------------------------------------------------------
+# save
+
+
+def save(directory: str, step: int, tensors: dict[str, torch.Tensor], meta: dict,
+         fingerprint: str, *, keep: int = 2) -> CheckpointInfo:
+    """Write a checkpoint synchronously and atomically; see the module docstring.
+
+    ``tensors`` are flat ``{key: Tensor}`` (any dtype, any device; 0-dim allowed), ``meta`` is
+    JSON-serialisable (tuples come back as lists). Keeps the newest ``keep`` checkpoints.
+    """
+    if not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"step must be an int >= 0, got {step!r}")
+    if keep < 1:
+        raise CheckpointError(f"keep must be >= 1, got {keep}")
+    for k, v in tensors.items():
+        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+            raise CheckpointError(f"tensors must map str keys to torch.Tensor; {k!r} maps to "
+                                  f"{type(v).__name__}: put non-tensor state into meta")
+    try:
+        meta_json = json.dumps(meta, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"meta must be JSON-serialisable ({e}); put tensors into "
+                              f"`tensors` and convert other objects to str/int/float/list/dict")
+
+    cpu = {k: (v.detach() if v.device.type == "cpu" else v.detach().cpu()).contiguous()
+           for k, v in tensors.items()}
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot create the checkpoint directory {directory}: {e}") from e
+    tmp = os.path.join(directory, f".tmp-step-{step}-{os.getpid()}")
+    final = os.path.join(directory, _step_name(step))
+    try:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        os.makedirs(tmp)
+        # 1. payload; FileSystemWriter(sync_files=True) fsyncs the data and metadata files.
+        dcp.save(cpu, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), no_dist=True)
+        side = {
+            "version": FORMAT_VERSION, "step": step, "fingerprint": fingerprint,
+            "digest": tensor_digest(cpu), "nbytes": sum(t.nbytes for t in cpu.values()),
+            "saved_at": time.time(),
+            "tensors": {k: [str(t.dtype), list(t.shape)] for k, t in sorted(cpu.items())},
+            "meta_digest": _meta_digest(meta_json), "meta": json.loads(meta_json),
+        }
+        _write_file_durably(os.path.join(tmp, SIDECAR), json.dumps(side))
+        _fsync_dir(tmp)
+        # 2. publish the folder atomically.
+        old = None
+        if os.path.exists(final):   # same step written again (e.g. after a rollback)
+            old = os.path.join(directory, f".old-{_step_name(step)}-{os.getpid()}")
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(directory)
+        # 3. point LATEST at it.
+        latest_tmp = os.path.join(directory, f".{LATEST}.tmp-{os.getpid()}")
+        _write_file_durably(latest_tmp, _step_name(step) + "\n")
+        os.replace(latest_tmp, os.path.join(directory, LATEST))
+        _fsync_dir(directory)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except (Exception, _DCPError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"writing the checkpoint for step {step} to {directory} failed: "
+                              f"{_why(e)} (check free space and permissions)") from e
+    _prune(directory, keep, step)
+    return _info(final, side)
+
+
+def _prune(directory: str, keep: int, just_saved: int) -> None:
+    protected = _latest_name(directory)
+    complete = _complete(directory)
+    for s, path in complete[:-keep] if len(complete) > keep else []:
+        if os.path.basename(path) != protected:
+            shutil.rmtree(path, ignore_errors=True)
+    # Remains of crashed writes of an older step can never complete any more.
+    for name in os.listdir(directory):
+        m = _TMP_RE.match(name)
+        if m and int(m.group(1)) < just_saved:
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# find and load
+
+
+def latest(directory: str) -> CheckpointInfo | None:
+    """The newest complete checkpoint in ``directory``: the one LATEST names, else the highest
+    ``step-*`` folder with a valid sidecar. ``.tmp-*`` leftovers never count. None if none."""
+    name = _latest_name(directory)
+    if name is not None:
+        path = os.path.join(directory, name)
+        try:
+            return _info(path, _read_sidecar(path))
+        except CheckpointError:
+            pass    # LATEST names something unusable: fall back to a scan
+    for _, path in reversed(_complete(directory)):
+        try:
+            return _info(path, _read_sidecar(path))
+        except CheckpointError:
+            continue
+    return None
+
+
+def load(path_or_directory: str, fingerprint: str | None = None
+         ) -> tuple[int, dict[str, torch.Tensor], dict, CheckpointInfo]:
+    """Read and verify a checkpoint: ``(step, tensors on CPU, meta, info)``.
+
+    ``path_or_directory`` is a ``step-<N>`` folder or a checkpoint directory (its latest
+    checkpoint). With ``fingerprint`` set, a checkpoint of another model is refused.
+    """
+    p = path_or_directory
+    if not os.path.isdir(p):
+        raise CheckpointError(f"no checkpoint at {p}: the path does not exist; pass the "
+                              f"directory the job wrote checkpoints to")
+    if os.path.isfile(os.path.join(p, SIDECAR)):
+        ckpt = p
+    else:
+        info = latest(p)
+        if info is None:
+            raise CheckpointError(
+                f"no complete checkpoint in {p}: it holds no step-<N> folder with a valid "
+                f"{SIDECAR}; check the path, or start the job from scratch")
+        ckpt = info.path
+
+    # Plain JSON first: nothing else is read unless version and fingerprint fit.
+    side = _read_sidecar(ckpt)
+    if fingerprint is not None and side["fingerprint"] != fingerprint:
+        raise CheckpointError(
+            f"foreign checkpoint: saved by a job with a different model (fingerprint "
+            f"{side['fingerprint'][:16]}, this job {fingerprint[:16]}) at {ckpt}; point the "
+            f"job at its own checkpoint directory, or restore the model definition it was "
+            f"saved with")
+    meta = side.get("meta")
+    if _meta_digest(json.dumps(meta, sort_keys=True)) != side["meta_digest"]:
+        raise CheckpointError(f"corrupt checkpoint {ckpt}: {SIDECAR} meta digest mismatch; "
+                              f"load an older checkpoint by passing its step-<N> folder")
+    try:
+        tensors = {k: torch.empty([int(s) for s in shape], dtype=_dtype(dt))
+                   for k, (dt, shape) in side["tensors"].items()}
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"corrupt checkpoint {ckpt}: bad tensor list in {SIDECAR} "
+                              f"({e})") from None
+    try:
+        # DCP's .metadata file is a pickle. Acceptable: it is our own local file, and it is
+        # only read after the JSON sidecar above identified the checkpoint as this job's.
+        # The tensor data itself is read with torch.load(weights_only=True).
+        if tensors:
+            dcp.load(tensors, storage_reader=dcp.FileSystemReader(ckpt), no_dist=True)
+    except (Exception, _DCPError) as e:
+        raise CheckpointError(
+            f"corrupt checkpoint {ckpt}: its tensors cannot be read ({_why(e)}); load an "
+            f"older checkpoint by passing its step-<N> folder") from e
+    digest = tensor_digest(tensors)
+    if digest != side["digest"]:
+        raise CheckpointError(
+            f"corrupt checkpoint {ckpt}: digest mismatch (recorded {side['digest'][:16]}, "
+            f"read {digest[:16]}); the files were damaged after writing -- load an older "
+            f"checkpoint by passing its step-<N> folder")
+    return side["step"], tensors, meta, _info(ckpt, side)
+
+
+# --------------------------------------------------------------------------------------------
+# asynchronous writer
+
+
+class AsyncCheckpointer:
+    """Writes checkpoints in one background thread so that training never waits on storage.
+
+    ``submit`` snapshots the tensors (a CPU copy) and returns; if the previous write is still
+    running it returns False and skips this step (no queue can grow). ``poll`` reports
+    finished writes and re-raises their errors. Optional ``interval_steps`` /
+    ``interval_seconds`` drive ``due(step)``, which the caller checks before building a
+    snapshot.
+    """
+
+    def __init__(self, directory: str, fingerprint: str, keep: int = 2, *,
+                 interval_steps: int | None = None, interval_seconds: float | None = None):
+        if keep < 1:
+            raise CheckpointError(f"keep must be >= 1, got {keep}")
+        if interval_steps is not None and interval_steps < 1:
+            raise CheckpointError(f"interval_steps must be >= 1, got {interval_steps}")
+        if interval_seconds is not None and interval_seconds <= 0:
+            raise CheckpointError(f"interval_seconds must be > 0, got {interval_seconds}")
+        self.directory, self.fingerprint, self.keep = directory, fingerprint, keep
+        self.interval_steps, self.interval_seconds = interval_steps, interval_seconds
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._result: CheckpointInfo | None = None
+        self._error: BaseException | None = None
+        self._last_step: int | None = None
+        self._last_time = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        """True if an interval has elapsed since the last accepted submit (and none is running).
+
+        Without any interval, always True."""
+        if self.busy:
+            return False
+        if self.interval_steps is None and self.interval_seconds is None:
+            return True
+        if self.interval_steps is not None and (
+                self._last_step is None and step % self.interval_steps == 0
+                or self._last_step is not None and step - self._last_step >= self.interval_steps):
+            return True
+        return (self.interval_seconds is not None
+                and time.monotonic() - self._last_time >= self.interval_seconds)
+
+    @property
+    def busy(self) -> bool:
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    def submit(self, step: int, tensors: dict[str, torch.Tensor], meta: dict) -> bool:
+        """Snapshot and start writing; False (and nothing done) if a write is in flight."""
+        with self._lock:
+            if self.busy:
+                return False
+            try:   # validate and deep-copy meta now: the caller may mutate it after we return
+                meta_copy = json.loads(json.dumps(meta))
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"meta must be JSON-serialisable ({e})") from None
+            snap = {}
+            for k, v in tensors.items():
+                if not isinstance(v, torch.Tensor):
+                    raise CheckpointError(f"tensors[{k!r}] is a {type(v).__name__}, not a "
+                                          f"Tensor: put non-tensor state into meta")
+                snap[k] = v.detach().to("cpu", copy=True)
+            self._last_step, self._last_time = step, time.monotonic()
+            self._thread = threading.Thread(target=self._write, args=(step, snap, meta_copy),
+                                            name=f"hotspare-ckpt-{step}", daemon=True)
+            self._thread.start()
+            return True
+
+    def _write(self, step, snap, meta) -> None:
+        try:
+            info = save(self.directory, step, snap, meta, self.fingerprint, keep=self.keep)
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller in poll()
+            with self._lock:
+                self._error = e
+            return
+        with self._lock:
+            self._result = info
+
+    def poll(self) -> CheckpointInfo | None:
+        """The checkpoint finished since the last poll, or None; a failed write raises here."""
+        with self._lock:
+            err, self._error = self._error, None
+            info, self._result = self._result, None
+        if err is not None:
+            if isinstance(err, CheckpointError):
+                raise err
+            raise CheckpointError(f"background checkpoint write failed: "
+                                  f"{type(err).__name__}: {err}") from err
+        return info
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
+        """Block until the in-flight write (if any) finishes, then ``poll()``."""
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+            if t.is_alive():
+                return None
+        return self.poll()
+
+    close = wait
