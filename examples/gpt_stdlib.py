@@ -12,6 +12,7 @@ randomness drawn from (seed, rank, step) so a replacement rank reproduces its pr
 """
 import argparse
 import glob
+import json
 import os
 import sysconfig
 
@@ -80,7 +81,7 @@ def main():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--corpus-bytes", type=int, default=4_000_000)
-    p.add_argument("--digest", help="write the final state digest to this file (rank 0)")
+    p.add_argument("--stats", help="write the final state digest and step times to this JSON file (rank 0)")
     args = p.parse_args()
     torch.set_num_threads(1)  # one compute thread per CPU worker: 4 workers on 2 cores otherwise crawl
 
@@ -103,9 +104,9 @@ def main():
             opt.step()
             job.log(loss=loss.item())
 
-    if args.digest and job.rank == 0:
-        with open(args.digest, "w") as f:
-            f.write(job.digest + "\n")
+    if args.stats and job.rank == 0:
+        with open(args.stats, "w") as f:
+            json.dump({"digest": job.digest, "step_times": job.step_times}, f)
     if job.rank == 0 and loss is not None:
         n = sum(p.numel() for p in model.parameters())
         print(f"finished {args.steps} steps, {n / 1e6:.2f}M parameters, final loss {loss.item():.4f}, "
