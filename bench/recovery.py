@@ -108,10 +108,11 @@ def _transfer_worker(rank: int, port: int, model: str, reps: int, out: str) -> N
         dist.barrier()
         t0 = time.perf_counter()
         if rank == 0:                                 # exactly what Job._sync_state does
-            broadcast_state([t.detach() for _, t in reg.snapshot().tensors], src=0, group=None, is_source=True)
+            broadcast_state([t.detach() for _, t in reg.snapshot().tensors], src=0, group=None, is_source=True,
+                            receivers=[1])
         else:
             dsts, needs = reg.prepare_receive(manifest)
-            broadcast_state(dsts, src=0, group=None, is_source=False)
+            broadcast_state(dsts, src=0, group=None, is_source=False, receivers=[1])
             with torch.no_grad():
                 reg.finish_receive(manifest, dsts, needs)
         hs.append(time.perf_counter() - t0)

@@ -1,7 +1,9 @@
 """The coordinator's decisions, scripted without processes: signal in, actions and reason out."""
-from hotspare.policy.decide import (AbortGeneration, ClusterView, Crashed, Done, FormGeneration,
-                                    Release, StartSpares, StepFailed, Stop, WorkerExited,
-                                    WorkerReady, apply, decide, observe)
+from hotspare.policy.decide import (AbortGeneration, Checkpointed, CheckpointNow, ClusterView,
+                                    Crashed, Done, Fence, FormGeneration, Release, StartSpares,
+                                    StepFailed, Stop, Tick, WorkerExited, WorkerReady, apply,
+                                    decide, observe)
+from hotspare.policy.hang import RankActivity, threshold
 from hotspare.policy.recovery import plan_recovery
 
 
@@ -111,3 +113,61 @@ def test_plan_recovery_paths():
     assert p.path == "wait" and p.start == 1
     assert plan_recovery({0, 1}, {}, 3, checkpoint_step=40).path == "checkpoint"
     assert plan_recovery({0, 1}, {}, 3).path == "stop"
+
+
+def tick(v, stalled, recovering=0.0, limit=2.0, stopped=(), reducing=None):
+    acts = tuple(RankActivity(r, 10, (reducing or {}).get(r, 10), r in stopped) for r in sorted(v.members))
+    return feed(v, Tick(acts, stalled, recovering, limit))
+
+
+def test_hang_detection_fences_the_stopped_or_lagging_rank_never_a_slow_one():
+    v = running_view()
+    assert tick(v, stalled=1.9).actions == ()                      # slow but under the threshold
+    d = tick(v, stalled=2.5, stopped=(2,))
+    assert d.actions == (Fence((2,), d.reason),) and "stopped" in d.reason
+    v = running_view()
+    d = tick(v, stalled=3.0, reducing={0: 10, 1: 10, 2: 9, 3: 10})
+    assert d.actions[0].ranks == (2,) and "never reached the gradient exchange" in d.reason
+    v = running_view()
+    d = tick(v, stalled=3.0)                                       # nobody stands out
+    assert isinstance(d.actions[0], AbortGeneration) and tick(v, stalled=3.5).actions == ()
+
+
+def test_silent_survivor_is_fenced_during_recovery():
+    v = running_view()
+    feed(v, WorkerExited("w1", -9))
+    feed(v, StepFailed("w0", 0, 1, 5))
+    feed(v, StepFailed("w2", 2, 1, 5))
+    assert tick(v, stalled=0, recovering=1.0).actions == ()
+    assert tick(v, stalled=0, recovering=2.5).actions[0].ranks == (3,)
+
+
+def test_thresholds_adapt_to_step_time():
+    assert threshold([], floor=2, factor=10) == 20                  # before the first commit
+    assert threshold([0.01] * 10, floor=2, factor=10) == 2
+    assert threshold([1.0] * 10, floor=2, factor=10) == 10
+
+
+def test_every_rank_lost_falls_back_to_the_newest_checkpoint():
+    v = running_view(spares=1)
+    feed(v, Checkpointed(20, "/ck/step-000000020"))
+    for r in range(4):
+        d = feed(v, WorkerExited(f"w{r}", -9))
+    assert d.actions[-1] == StartSpares(3) and "checkpoint at step 20" in d.reason
+    for i in range(3):
+        d = feed(v, WorkerReady(f"c{i}", "spare"))
+    form = d.actions[0]
+    assert form.restore == "/ck/step-000000020" and form.target == 20 and set(form.members) == {0, 1, 2, 3}
+
+
+def test_no_capacity_stops_cleanly_after_a_last_checkpoint():
+    v = running_view(spares=0)
+    v.replacements_left, v.capacity_wait = 0, 5.0
+    feed(v, WorkerExited("w1", -9))
+    for r in (0, 2, 3):
+        feed(v, StepFailed(f"w{r}", r, 1, 7))
+    assert tick(v, stalled=0, recovering=4.0, limit=100).actions == ()
+    d = tick(v, stalled=0, recovering=5.0, limit=100)
+    assert d.actions == (CheckpointNow(0, v.stopping),)
+    d = feed(v, Checkpointed(7, "/ck/step-000000007"))
+    assert isinstance(d.actions[0], Stop) and "--resume /ck" in d.actions[0].message

@@ -192,6 +192,8 @@ class NodeAgent:
                 if fault is not None:
                     self._inject(wp, fault, now)
                 self.events.put(("msg", wp.worker, msg, now))
+        except ConnectionResetError:
+            return                       # the worker died; its exit is reported by _wait
         except (OSError, ProtocolError) as e:
             # A bad message drops that connection only; the job goes on.
             print(f"hotspare agent: dropping control connection of {wp.worker if wp else '?'}: {e}",

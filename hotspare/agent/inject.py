@@ -25,7 +25,8 @@ fault injection (--inject, repeatable; steps count from 0; each fault fires once
   kill:rank=R:phase=join      SIGKILL rank R when it starts joining a new generation
   kill:rank=R:phase=transfer  SIGKILL rank R when it starts sending or receiving state
                               (phase faults fire during recoveries, generation 2 and later,
-                              unless :gen=G names the generation)
+                              unless :gen=G names the generation; :after=S arms one only
+                              once some rank has started step S)
 examples:
   --inject kill:rank=2:step=60
   --inject hang:rank=1:step=30 --inject exit:rank=3:step=80:code=7
@@ -33,7 +34,7 @@ examples:
 
 KINDS = ("kill", "hang", "exit")
 PHASES = ("join", "transfer")
-_KEYS = {"rank", "step", "code", "phase", "gen"}
+_KEYS = {"rank", "step", "code", "phase", "gen", "after"}
 
 
 @dataclasses.dataclass
@@ -44,6 +45,7 @@ class Fault:
     phase: str | None = None
     gen: int | None = None
     code: int = 1
+    after: int = 0
     fired: bool = False
 
     @property
@@ -54,6 +56,7 @@ class Fault:
         where = f"step={self.step}" if self.phase is None else f"phase={self.phase}"
         extra = f":code={self.code}" if self.kind == "exit" else ""
         extra += f":gen={self.gen}" if self.gen is not None else ""
+        extra += f":after={self.after}" if self.after else ""
         return f"{self.kind}:rank={self.rank}:{where}{extra}"
 
 
@@ -70,7 +73,7 @@ def parse(spec: str, world_size: int | None = None) -> Fault:
                               f"{', '.join(sorted(_KEYS))}.\n{GRAMMAR}")
         fields[key] = value
     ints: dict[str, int] = {}
-    for key in ("rank", "step", "code", "gen"):
+    for key in ("rank", "step", "code", "gen", "after"):
         if key in fields:
             try:
                 ints[key] = int(fields[key])
@@ -88,12 +91,15 @@ def parse(spec: str, world_size: int | None = None) -> Fault:
             raise ConfigError(f"--inject {spec!r}: phase must be one of {', '.join(PHASES)}")
         if kind != "kill" or "step" in ints:
             raise ConfigError(f"--inject {spec!r}: phase= goes with kill and without step=")
+    elif "after" in ints or "gen" in ints:
+        raise ConfigError(f"--inject {spec!r}: after= and gen= only go with phase=")
     if "code" in ints and kind != "exit":
         raise ConfigError(f"--inject {spec!r}: code= only goes with exit")
     if world_size is not None and ints["rank"] >= world_size:
         raise ConfigError(f"--inject {spec!r}: rank {ints['rank']} does not exist (--nproc {world_size} "
                           f"gives ranks 0..{world_size - 1})")
-    return Fault(kind, ints["rank"], ints.get("step"), phase, ints.get("gen"), ints.get("code", 1))
+    return Fault(kind, ints["rank"], ints.get("step"), phase, ints.get("gen"), ints.get("code", 1),
+                 ints.get("after", 0))
 
 
 class Injector:
@@ -101,12 +107,14 @@ class Injector:
 
     def __init__(self, faults: list[Fault]):
         self.faults = faults
+        self.max_step = -1            # the newest step any rank has started
 
     def at_step(self, rank: int, step: int) -> Fault | None:
+        self.max_step = max(self.max_step, step)
         return self._take(lambda f: f.phase is None and f.rank == rank and f.step == step)
 
     def at_phase(self, rank: int, phase: str, gen: int) -> Fault | None:
-        return self._take(lambda f: f.phase == phase and f.rank == rank
+        return self._take(lambda f: f.phase == phase and f.rank == rank and self.max_step >= f.after
                           and (gen == f.gen if f.gen is not None else gen >= 2))
 
     def _take(self, match) -> Fault | None:

@@ -14,6 +14,7 @@ import sys
 SUBCOMMANDS = [
     ("run", "hotspare.cli.run"),
     ("demo", "hotspare.cli.demo"),
+    ("chaos", "hotspare.cli.chaos"),
     ("plan", "hotspare.cli.plan"),
     ("simulate", "hotspare.cli.simulate"),
 ]

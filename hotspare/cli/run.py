@@ -56,6 +56,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--join-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="time allowed to form a generation's process group; a member that dies "
                         "while it forms costs at most this long (default: 5.0)")
+    g = p.add_argument_group("last resort: persistent checkpoints (read only when no copy survives in memory)")
+    g.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="where to write asynchronous checkpoints (torch.distributed.checkpoint, atomic, "
+                        "verified on load); also where a job stopped for lack of capacity leaves its last one")
+    g.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="write a checkpoint every STEPS committed steps (needs --checkpoint-dir)")
+    g.add_argument("--checkpoint-seconds", type=float, default=0, metavar="SECONDS",
+                   help="write a checkpoint at most every SECONDS (needs --checkpoint-dir)")
+    g.add_argument("--resume", metavar="DIR",
+                   help="start from the newest valid checkpoint in DIR instead of step 0")
+    c = p.add_argument_group("capacity")
+    c.add_argument("--max-replacements", type=int, default=None, metavar="N",
+                   help="processes that may be started to replace lost ranks or refill the spare pool "
+                        "over the job's life (default: no limit)")
+    c.add_argument("--capacity-wait", type=float, default=60.0, metavar="SECONDS",
+                   help="when a rank is lost and nothing can replace it, wait this long, then stop "
+                        "cleanly after writing a last checkpoint (default: 60)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of the rendezvous store (default: 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=0,
                    help="port of the rendezvous store (default: 0, a free port)")
@@ -74,6 +91,20 @@ def _validate(args: argparse.Namespace) -> list:
         raise ConfigError("--join-timeout must be > 0 seconds")
     if args.hang_floor <= 0 or args.hang_factor < 1:
         raise ConfigError("--hang-floor must be > 0 seconds and --hang-factor >= 1")
+    if (args.checkpoint_every or args.checkpoint_seconds) and not args.checkpoint_dir:
+        raise ConfigError("--checkpoint-every/--checkpoint-seconds need --checkpoint-dir DIR")
+    if args.checkpoint_every < 0 or args.checkpoint_seconds < 0:
+        raise ConfigError("--checkpoint-every and --checkpoint-seconds must be >= 0")
+    if args.max_replacements is not None and args.max_replacements < 0:
+        raise ConfigError("--max-replacements must be 0 or more")
+    if args.capacity_wait < 0:
+        raise ConfigError("--capacity-wait must be >= 0 seconds")
+    if args.resume:
+        from hotspare.checkpoint import CheckpointError, load
+        try:   # integrity (digest) now; the model fingerprint is checked by the workers
+            args.resume_path = load(args.resume)[3].path
+        except CheckpointError as e:
+            raise ConfigError(f"--resume {args.resume}: {e}") from None
     if args.log_every < 0:
         raise ConfigError(f"--log-every must be 0 (automatic) or more (got {args.log_every})")
     if not os.path.isfile(args.script):
@@ -110,16 +141,25 @@ def run(args: argparse.Namespace) -> int:
                MASTER_PORT=str(store.port), ROLE_WORLD_SIZE=str(args.nproc), GROUP_WORLD_SIZE="1",
                TORCHELASTIC_RUN_ID="hotspare", PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["HOTSPARE_JOIN_TIMEOUT"] = str(args.join_timeout)   # like torchrun: one compute thread per worker
+    env["HOTSPARE_JOIN_TIMEOUT"] = str(args.join_timeout)
+    if args.checkpoint_dir:
+        env.update(HOTSPARE_CHECKPOINT_DIR=os.path.abspath(args.checkpoint_dir),
+                   HOTSPARE_CHECKPOINT_EVERY=str(args.checkpoint_every),
+                   HOTSPARE_CHECKPOINT_SECONDS=str(args.checkpoint_seconds))   # like torchrun: one compute thread per worker
     events: queue.Queue = queue.Queue()
     agent = NodeAgent([sys.executable, args.script, *args.script_args], env, events, Injector(faults))
     settings = {"script": args.script, "args": args.script_args, "nproc": args.nproc,
-                "spares": args.spares, "inject": [str(f) for f in faults]}
+                "spares": args.spares, "inject": [str(f) for f in faults],
+                "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+                "resume": args.resume, "hang_floor_s": args.hang_floor, "hang_factor": args.hang_factor}
     ledger = Ledger(settings)
-    view = ClusterView(world_size=args.nproc, total_steps=0, target_spares=args.spares)
+    view = ClusterView(world_size=args.nproc, total_steps=0, target_spares=args.spares,
+                       resume=getattr(args, "resume_path", None), replacements_left=args.max_replacements,
+                       capacity_wait=args.capacity_wait)
     coord = Coordinator(agent, events, view, ledger, log=log, log_every=args.log_every or 0,
                         hang_floor=args.hang_floor, hang_factor=args.hang_factor,
-                        join_timeout=args.join_timeout)
+                        join_timeout=args.join_timeout,
+                        checkpoint_dir=os.path.abspath(args.checkpoint_dir or "hotspare-checkpoints"))
     log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
     coord.start()
     try:
@@ -146,7 +186,8 @@ def _summary(log, report: dict, code: int) -> None:
             f"median step {1000 * (report['median_step_time_s'] or 0):.0f} ms, {n} failure(s), "
             f"recovered with zero lost steps: {report['recovered_zero_loss']}/{n}"
             + (f" ({100 * share:.0f}%)" if share is not None else "")
-            + f", steps repeated {report['steps_repeated']}, final digest {digest[:16]}")
+            + f", from checkpoint: {report['recovered_from_checkpoint']} ({report['steps_lost']} steps "
+              f"recomputed), steps repeated {report['steps_repeated']}, final digest {digest[:16]}")
     else:
         log(f"job stopped after {report['steps_completed']} committed steps ({n} failure(s)): "
             f"{report['message'].splitlines()[0] if report['message'] else 'see above'}")

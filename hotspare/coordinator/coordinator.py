@@ -30,12 +30,14 @@ class Coordinator:
     def __init__(self, agent: NodeAgent, events: "queue.Queue", view: policy.ClusterView,
                  ledger: Ledger, log: Callable[[str], None] = print, log_every: int = 0,
                  hang_floor: float = hang.DEFAULT_FLOOR_S, hang_factor: float = hang.DEFAULT_FACTOR,
-                 join_timeout: float = 5.0):
+                 join_timeout: float = 5.0, checkpoint_dir: str = "hotspare-checkpoints"):
         self.agent, self.events, self.view, self.ledger = agent, events, view, ledger
         self.log = log
         self.log_every = log_every
         self.hang_floor, self.hang_factor, self.join_timeout = hang_floor, hang_factor, join_timeout
         self.joined: set[int] = set()           # ranks that finished joining the current generation
+        self.committed_in_gen = False
+        self.checkpoint_dir = checkpoint_dir
         self.progress_at = time.time()          # last commit, or the current generation forming
         self.recovering_since: float | None = None
         self.reducing: dict[int, int] = {}      # rank -> last step whose exchange it entered
@@ -48,7 +50,9 @@ class Coordinator:
     def start(self) -> None:
         for rank in range(self.view.world_size):
             self.agent.spawn("active", rank=rank)
-        self._execute(policy.StartSpares(self.view.target_spares))
+        for _ in range(self.view.target_spares):   # the initial pool: not replacements
+            self.agent.spawn("spare")
+        self.view.starting += self.view.target_spares
 
     def run(self, poll: float = 0.25) -> int:
         next_tick = time.time() + poll
@@ -98,8 +102,13 @@ class Coordinator:
                               self.agent.proc_state(w) == "T")
             for r, w in sorted(self.view.members.items()) if r not in self.view.lost)
         limit = hang.threshold(self.ledger.step_times, self.hang_floor, self.hang_factor)
-        if self.view.phase == "recovering" or len(self.joined) < len(self.view.members):
-            limit += self.join_timeout          # forming a group may legitimately take that long
+        # Forming a group may legitimately take up to the join timeout (a member that died after
+        # publishing its address is retried until then), and a generation's first step follows
+        # a state transfer: be lenient until the generation has committed a step.
+        if self.view.phase == "recovering":
+            limit += 2 * self.join_timeout
+        elif len(self.joined) < len(self.view.members) or not self.committed_in_gen:
+            limit += self.join_timeout
         since = 0.0 if self.recovering_since is None else now - self.recovering_since
         self._signal(policy.Tick(activity, now - self.progress_at, since, limit), now)
 
@@ -134,6 +143,9 @@ class Coordinator:
         if kind == "crash":
             self.log(f"ERROR   rank {msg['rank']} ({worker}) raised at step {msg['step']}: {msg['error'][:200]}")
             return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"])
+        if kind == "checkpointed":
+            self.ledger.checkpoints.append({"step": msg["step"], "path": msg["path"]})
+            return policy.Checkpointed(msg["step"], msg["path"])
         if kind == "done":
             self.ledger.digests[msg["rank"]] = msg["digest"]
             return policy.Done(worker, msg["rank"], msg["gen"], msg["step"], msg["digest"])
@@ -156,13 +168,15 @@ class Coordinator:
     def _on_commit(self, msg: dict[str, Any], t: float) -> None:
         rank, step = msg["rank"], msg["step"]
         self.progress_at = max(self.progress_at, t)
+        self.committed_in_gen = True
         recovered = self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t)
         if recovered:
             for f in self.ledger.failures:
                 if f.generation == msg["gen"] and f.first_commit_at == t:
+                    src = "the checkpoint" if f.recovery_path == "checkpoint" else f"rank {f.source_rank}"
                     self.log(f"RESUMED rank {f.rank} -> {f.replacement or f.worker}: state of step "
                              f"{f.target_step} ({f.bytes_transferred / 1e6:.1f} MB in {f.transfer_s * 1000:.0f} ms) "
-                             f"from rank {f.source_rank}; first step committed; downtime "
+                             f"from {src}; first step committed; downtime "
                              f"{f.first_commit_at - f.start:.2f} s, lost steps {f.lost_steps}")
         every = self.log_every or max(1, (self.ledger.total_steps or 20) // 20)
         if rank == 0 and (step % every == 0 or step + 1 == (self.ledger.total_steps or -1)):
@@ -174,6 +188,7 @@ class Coordinator:
     def _on_joined(self, msg: dict[str, Any], t: float) -> None:
         if msg["gen"] == self.view.generation:
             self.joined.add(msg["rank"])
+            self.progress_at = max(self.progress_at, t)     # the stall clock starts once joined
         for f in self.ledger.open:
             if f.generation == msg["gen"]:
                 f.joined_at = max(f.joined_at or 0.0, t)
@@ -218,6 +233,10 @@ class Coordinator:
                 self.fenced[worker] = (t, action.reason)
                 self.log(f"FENCE   rank {r} ({worker}): {action.reason}; SIGKILL to its process group")
                 self.agent.kill(worker, signal.SIGKILL, group=True)
+        elif isinstance(action, policy.CheckpointNow):
+            self.log(f"STOPPING {action.reason} Rank {action.rank} writes a last checkpoint to "
+                     f"{self.checkpoint_dir}")
+            self.agent.send(self.view.members[action.rank], make("checkpoint_now", directory=self.checkpoint_dir))
         elif isinstance(action, policy.StartSpares):
             for _ in range(action.count):
                 self.agent.spawn("spare")
@@ -247,7 +266,8 @@ class Coordinator:
             for f in self.ledger.open:
                 if f.generation is None:
                     f.generation, f.reason, f.decided_at = a.gen, reason, now
-                    f.recovery_path, f.lost_steps = "memory", lost_steps
+                    f.recovery_path = "checkpoint" if a.restore else "memory"
+                    f.lost_steps = lost_steps
                     f.replacement = a.replacements.get(f.rank)
                     f.source_rank, f.target_step = a.source, a.target
             self.log(f"RECOVER generation {a.gen}: {reason}")
@@ -255,12 +275,12 @@ class Coordinator:
             self.log(f"START   generation 1: ranks 0-{len(a.members) - 1} on workers "
                      f"{_fmt_ranks(a.members.values())}; {reason}")
         self.progress_at = now
-        self.reducing, self.joined = {}, set()
+        self.reducing, self.joined, self.committed_in_gen = {}, set(), False
         for rank, worker in a.members.items():
             self.agent.workers[worker].rank = rank
             self.agent.send(worker, make("generation", gen=a.gen, rank=rank, world=len(a.members),
                                          prefix=f"gen{a.gen}/", target=a.target, source=a.source,
-                                         receivers=list(a.receivers)))
+                                         receivers=list(a.receivers), restore=a.restore))
 
     def _release_all(self, reason: str) -> None:
         for w in self.agent.alive():

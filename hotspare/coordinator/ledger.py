@@ -66,11 +66,12 @@ class Ledger:
     started: float = field(default_factory=time.time)
     commits: dict[int, int] = field(default_factory=dict)          # rank -> last committed step
     seen: set[tuple[int, int]] = field(default_factory=set)        # (rank, step) committed
-    repeated: int = 0
+    repeated: set[int] = field(default_factory=set)                # steps committed twice by a rank
     step_times: list[float] = field(default_factory=list)
     failures: list[FailureRecord] = field(default_factory=list)
     open: list[FailureRecord] = field(default_factory=list)        # awaiting their first commit
     digests: dict[int, str] = field(default_factory=dict)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
     total_steps: int | None = None
     outcome: str = "running"
     message: str = ""
@@ -78,7 +79,7 @@ class Ledger:
     def commit(self, rank: int, step: int, dt: float, gen: int, world: int, now: float) -> bool:
         """Record a commit; True when it completes the first step of a recovered generation."""
         if (rank, step) in self.seen:
-            self.repeated += 1
+            self.repeated.add(step)
         self.seen.add((rank, step))
         self.commits[rank] = max(self.commits.get(rank, -1), step)
         if rank == 0:
@@ -104,10 +105,14 @@ class Ledger:
             "message": self.message,
             "steps_completed": self.max_committed() + 1,
             "total_steps": self.total_steps,
-            "steps_repeated": self.repeated,
+            "steps_repeated": len(self.repeated),
             "failures": [f.to_dict() for f in self.failures],
             "failures_total": len(self.failures),
             "recovered_zero_loss": len(memory),
+            "recovered_from_checkpoint": sum(f.recovery_path == "checkpoint" for f in self.failures),
+            # one recovery can follow several failures (e.g. every rank at once): count it once
+            "steps_lost": sum({f.generation: f.lost_steps or 0 for f in self.failures}.values()),
+            "checkpoints_written": len(self.checkpoints),
             "zero_loss_share": (len(memory) / len(self.failures)) if self.failures else None,
             "final_state_digest": next(iter(digests)) if len(digests) == 1 else None,
             "replica_digests": {str(r): d for r, d in sorted(self.digests.items())},

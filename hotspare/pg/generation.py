@@ -138,13 +138,17 @@ class GenerationGroup:
         self._store = AbortableStore(dist.PrefixStore(prefix, store), self._aborted, join_timeout_s)
         self._lock = threading.Lock()
         self._fds: dict[int, str] = {}
-        self.subgroups: list[dist.ProcessGroup] = []
 
     @property
     def aborted(self) -> bool:
         return self._aborted.is_set()
 
     def connect(self) -> None:
+        # torch names the default group after a process-wide counter that it resets only when a
+        # WORLD group is destroyed; a rendezvous that failed half-way leaves it advanced, and
+        # the gloo keys of this rank would then never meet its peers'. Every generation starts
+        # from the same name (its store prefix keeps generations apart).
+        dist.distributed_c10d._world.group_count = 0
         with self._recording():
             dist.init_process_group(self.backend, store=self._store, rank=self.rank,
                                     world_size=self.world, timeout=self.join_timeout)
@@ -166,16 +170,6 @@ class GenerationGroup:
             with self._lock:
                 self._fds.update({fd: l for fd, l in after.items() if before.get(fd) != l})
 
-    def new_subgroup(self, ranks: list[int]) -> dist.ProcessGroup | None:
-        """A subgroup of this generation; every rank must call it with the same list."""
-        with self._recording():
-            pg = dist.new_group(ranks=ranks, backend=self.backend, timeout=self.timeout)
-        if self.rank not in ranks:
-            return None
-        if pg is not None:
-            self.subgroups.append(pg)
-        return pg
-
     def abort(self) -> None:
         """Make every collective of this generation fail now, here and (by cascade) on peers.
 
@@ -191,12 +185,6 @@ class GenerationGroup:
 
     def destroy(self) -> None:
         self.abort()
-        for pg in self.subgroups:
-            try:
-                dist.destroy_process_group(pg)
-            except Exception:
-                pass
-        self.subgroups.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -66,6 +66,13 @@ class Done:
 
 
 @dataclass(frozen=True)
+class Checkpointed:
+    """A persistent checkpoint of ``step`` finished writing at ``path`` (the last resort)."""
+    step: int
+    path: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Periodic: the heartbeat picture the hang detector needs (see policy/hang.py)."""
     activity: tuple[RankActivity, ...]
@@ -74,7 +81,7 @@ class Tick:
     limit: float               # the hang threshold now
 
 
-Signal = Union[WorkerReady, WorkerExited, StepFailed, Crashed, Done, Tick]
+Signal = Union[WorkerReady, WorkerExited, StepFailed, Crashed, Done, Checkpointed, Tick]
 
 
 # ---------------------------------------------------------------------------- actions
@@ -86,6 +93,7 @@ class FormGeneration:
     source: int
     receivers: tuple[int, ...]
     replacements: dict[int, str] = field(default_factory=dict)   # rank -> spare that takes it
+    restore: str | None = None  # every rank loads this checkpoint instead of receiving from a peer
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,13 @@ class AbortGeneration:
 class Fence:
     """Kill these ranks' processes for sure (process group, SIGKILL) before reassigning them."""
     ranks: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointNow:
+    """Ask a surviving rank to write a synchronous checkpoint before the job stops."""
+    rank: int
     reason: str
 
 
@@ -117,7 +132,7 @@ class Stop:
     message: str
 
 
-Action = Union[FormGeneration, AbortGeneration, Fence, StartSpares, Release, Stop]
+Action = Union[FormGeneration, AbortGeneration, Fence, CheckpointNow, StartSpares, Release, Stop]
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,11 @@ class ClusterView:
     reforms: dict[int, int] = field(default_factory=dict)        # step -> re-forms with nobody lost
     fenced: set[int] = field(default_factory=set)                # ranks of this gen being fenced
     aborted: bool = False                                        # this gen was aborted for a stall
+    checkpoint: Checkpointed | None = None                       # newest persistent checkpoint
+    resume: str | None = None                                    # --resume: restore gen 1 from here
+    replacements_left: int | None = None                         # processes we may still start (None: no limit)
+    capacity_wait: float = 60.0                                  # seconds to wait for capacity, then stop
+    stopping: str | None = None                                  # waiting for a last checkpoint, then stop
 
     def rank_of(self, worker: str) -> int | None:
         for r, w in self.members.items():
@@ -185,6 +205,9 @@ def observe(view: ClusterView, sig: Signal) -> None:
     elif isinstance(sig, Done):
         if sig.gen == view.generation and view.members.get(sig.rank) == sig.worker:
             view.done[sig.rank] = sig
+    elif isinstance(sig, Checkpointed):
+        if view.checkpoint is None or sig.step >= view.checkpoint.step:
+            view.checkpoint = sig
 
 
 def apply(view: ClusterView, action: Action) -> None:
@@ -200,6 +223,10 @@ def apply(view: ClusterView, action: Action) -> None:
         view.phase = "running"
     elif isinstance(action, StartSpares):
         view.starting += action.count
+        if view.replacements_left is not None:
+            view.replacements_left -= action.count
+    elif isinstance(action, CheckpointNow):
+        view.stopping = action.reason
     elif isinstance(action, Fence):
         view.fenced.update(action.ranks)
     elif isinstance(action, AbortGeneration):
@@ -217,6 +244,13 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
 
     if isinstance(sig, Tick):
         return _on_tick(view, sig)
+
+    if isinstance(sig, Checkpointed):
+        if view.stopping:
+            return Decision((Stop(1, f"{view.stopping} A checkpoint of step {sig.step} is at {sig.path}; "
+                                     f"continue with: hotspare run --resume {_parent(sig.path)} ..."),),
+                            "last checkpoint written")
+        return Decision((), f"checkpoint of step {sig.step} written")
 
     if isinstance(sig, Crashed):
         repeat = [c for c in view.crashes[:-1] if c.step == sig.step and c.worker != sig.worker]
@@ -249,8 +283,13 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
     if view.phase == "starting":
         if len(view.ready_actives) == view.world_size:
             members = dict(sorted(view.ready_actives.items()))
-            actions.append(FormGeneration(1, members, -1, 0, tuple(range(1, view.world_size))))
-            reasons.append(f"all {view.world_size} ranks ready: generation 1, initial state from rank 0")
+            if view.resume:
+                actions.append(FormGeneration(1, members, -1, -1, tuple(range(view.world_size)),
+                                              restore=view.resume))
+                reasons.append(f"all {view.world_size} ranks ready: generation 1, resuming from {view.resume}")
+            else:
+                actions.append(FormGeneration(1, members, -1, 0, tuple(range(1, view.world_size))))
+                reasons.append(f"all {view.world_size} ranks ready: generation 1, initial state from rank 0")
         return Decision(tuple(actions), "; ".join(reasons) or "waiting for ranks to start")
 
     if view.phase == "recovering":
@@ -272,17 +311,44 @@ def _on_tick(view: ClusterView, tick: Tick) -> Decision:
             return Decision((Fence(hung, reason),), reason)
         if reason and not view.aborted:
             return Decision((AbortGeneration(view.generation, tuple(sorted(view.members))),), reason)
-    elif view.phase == "recovering" and tick.recovering_for >= tick.limit:
+    elif view.phase == "recovering":
         silent = tuple(sorted(set(view.members) - view.lost - set(view.reports) - view.fenced))
-        if silent:
+        # Fence the silent only while a reported survivor still holds the state: fencing every
+        # holder would turn a slow recovery into a lost one.
+        if silent and view.reports and tick.recovering_for >= tick.limit:
             reason = (f"rank(s) {list(silent)} did not report within {tick.limit:.1f} s of the "
                       "recovery starting: fencing them as hung")
             return Decision((Fence(silent, reason),), reason)
+        if (not silent and view.stopping is None and view.replacements_left == 0 and view.starting == 0
+                and len(view.ready_spares) < len(view.lost) and tick.recovering_for >= view.capacity_wait):
+            return _stop_for_capacity(view)
+    if view.stopping and view.phase == "recovering" and tick.recovering_for >= view.capacity_wait + 60:
+        return Decision((Stop(1, f"{view.stopping} The last checkpoint could not be written in time."),),
+                        "gave up waiting for the last checkpoint")
     return Decision((), "")
 
 
+def _stop_for_capacity(view: ClusterView) -> Decision:
+    survivors = sorted(set(view.reports))
+    reason = (f"{len(view.lost)} rank(s) lost and no capacity left to replace them (no warm spare, "
+              f"--max-replacements used up) after waiting {view.capacity_wait:.0f} s: stopping.")
+    if not survivors:
+        return Decision((Stop(1, reason),), reason)
+    return Decision((CheckpointNow(survivors[0], reason),),
+                    f"{reason} Rank {survivors[0]} writes a last checkpoint first")
+
+
+def _parent(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[0] if "/" in path.rstrip("/") else "."
+
+
+def _can_start(view: ClusterView, wanted: int) -> int:
+    wanted = max(0, wanted)
+    return wanted if view.replacements_left is None else min(wanted, view.replacements_left)
+
+
 def _spares_needed(view: ClusterView) -> int:
-    return max(0, view.target_spares - len(view.ready_spares) - view.starting)
+    return _can_start(view, view.target_spares - len(view.ready_spares) - view.starting)
 
 
 def _recover(view: ClusterView) -> Decision:
@@ -296,18 +362,35 @@ def _recover(view: ClusterView) -> Decision:
                                  f"({view.reforms[step]} re-forms): this looks like a bug in the script, "
                                  "e.g. ranks calling different collectives or mismatched tensor shapes"),),
                         "repeated collective failure without a lost worker")
-    plan = plan_recovery(view.lost, view.reports, len(view.ready_spares), view.starting)
+    if view.stopping:
+        return Decision((), f"stopping: {view.stopping}")
+    ckpt = view.checkpoint.step if view.checkpoint else None
+    plan = plan_recovery(view.lost, view.reports, len(view.ready_spares), view.starting, ckpt)
+    if plan.path == "checkpoint":
+        if len(view.ready_spares) < len(view.lost):
+            start = _can_start(view, len(view.lost) - len(view.ready_spares) - view.starting)
+            return Decision((StartSpares(start),) if start else (),
+                            plan.reason + f"; waiting for {len(view.lost)} replacement(s)")
+        replacements = dict(zip(sorted(view.lost), view.ready_spares))
+        form = FormGeneration(view.generation + 1, dict(sorted(replacements.items())), plan.target_step,
+                              -1, tuple(sorted(replacements)), replacements, restore=view.checkpoint.path)
+        refill = _can_start(view, view.target_spares - (len(view.ready_spares) - len(replacements)) - view.starting)
+        return Decision((form, StartSpares(refill)) if refill else (form,), plan.reason)
     if plan.path == "memory":
         replacements = dict(zip(sorted(view.lost), view.ready_spares))
         members = {**{r: w for r, w in view.members.items() if r not in view.lost}, **replacements}
         form = FormGeneration(view.generation + 1, dict(sorted(members.items())), plan.target_step,
                               plan.source, plan.receivers, replacements)
         spare_left = len(view.ready_spares) - len(replacements)
-        refill = max(0, view.target_spares - spare_left - view.starting)
+        refill = _can_start(view, view.target_spares - spare_left - view.starting)
         actions: tuple[Action, ...] = (form, StartSpares(refill)) if refill else (form,)
         return Decision(actions, plan.reason + (f"; re-provisioning {refill} spare(s)" if refill else ""))
     if plan.path == "wait":
-        return Decision((StartSpares(plan.start),) if plan.start else (), plan.reason)
+        start = _can_start(view, plan.start)
+        if plan.start and not start:
+            return Decision((), f"{plan.reason}; no capacity left to start one: waiting up to "
+                                f"{view.capacity_wait:.0f} s")
+        return Decision((StartSpares(start),) if start else (), plan.reason)
     return Decision((Stop(1, plan.reason),), plan.reason)
 
 

@@ -44,6 +44,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "abort": {"gen": _INT, "reason": _STR},
     "release": {"reason": _STR},
     "exit_now": {"code": _INT},
+    "checkpoint_now": {"directory": _STR},
 }
 
 

@@ -43,6 +43,7 @@ from hotspare.errors import ConfigError, JobFailed, PeerFailure, ProtocolError, 
 from hotspare.pg import GenerationGroup
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
+from hotspare.runtime.persist import Persister
 from hotspare.runtime.state import StateRegistry
 from hotspare.transfer import broadcast_state
 
@@ -102,6 +103,7 @@ class Job:
         self.step_times: list[float] = []   # seconds per committed step on this rank
         self._reducing_step: int | None = None
         self._aborted_upto = 0               # newest generation the coordinator aborted
+        self._persist = Persister(self.registry)
 
     # ------------------------------------------------------------------ set-up
     def _init(self) -> None:
@@ -144,7 +146,9 @@ class Job:
         return ddp
 
     def track(self, **objects: Any) -> None:
-        """Register what a replacement must receive: ``job.track(model=m, optimizer=opt)``."""
+        """Register what a replacement must receive: ``job.track(model=m, optimizer=opt)``.
+
+        The same state goes into persistent checkpoints when the launcher asks for them."""
         if not objects:
             raise ConfigError("job.track() needs at least one name=object, e.g. job.track(model=model, optimizer=opt)")
         for name, obj in objects.items():
@@ -220,6 +224,8 @@ class Job:
             if self.managed:
                 self._channel.send(make("commit", gen=self.generation, rank=self.rank, step=step,
                                         dt=dt, metrics=self._metrics))
+                if self.rank == 0:
+                    self._report_checkpoint(self._persist.after_commit(step))
             elif self.rank == 0 and self._metrics:
                 print(f"step {step} " + " ".join(f"{k} {v:.4f}" for k, v in self._metrics.items())
                       + f" | {dt * 1000:.0f} ms", flush=True)
@@ -234,10 +240,18 @@ class Job:
             if self._group is not None:
                 self._group.abort()     # free the peers blocked on us now, not at teardown
             return True
+        self._report_crash(step, ev)
+        return False
+
+    def _report_crash(self, step: int, ev: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(ev), ev, ev.__traceback__))
         self._channel.send(make("crash", gen=self.generation, rank=self.rank, step=step,
                                 error=f"{type(ev).__name__}: {ev}"[:2000], traceback=tb[-20000:]))
-        return False
+
+    def _report_checkpoint(self, info) -> None:
+        if info is not None:
+            self._channel.send(make("checkpointed", gen=self.generation, rank=self.rank,
+                                    step=info.step, path=info.path))
 
     def _is_peer_failure(self, ev: BaseException) -> bool:
         if isinstance(ev, (PeerFailure, dist.DistError)) or self._comm_error is not None:
@@ -322,17 +336,22 @@ class Job:
             fn(*args)
         except Exception as e:
             if not self._is_peer_failure(e):
+                self._report_crash(self.committed + 1, e)
                 raise
             self._failure = f"during state sync: {e}"[:300]
 
     def _sync_state(self, msg: dict[str, Any]) -> tuple[int, float]:
         """Bring every receiver to the source's committed state; returns (bytes, seconds)."""
         self._pending_sync = None
+        if msg.get("restore"):
+            # No copy survived in memory (or --resume): every rank reads the checkpoint itself.
+            self._channel.send(make("transfer", gen=self.generation, rank=self.rank, role="restore"))
+            t0 = time.perf_counter()
+            self.committed = self._applied = self._persist.restore(msg["restore"])
+            return self.registry.snapshot().nbytes(), time.perf_counter() - t0
         source, receivers, target = msg["source"], sorted(msg["receivers"]), msg["target"]
         if not receivers:
             return 0, 0.0
-        members = sorted({source, *receivers})
-        group = None if len(members) == self.world_size else self._group.new_subgroup(members)
         key = f"state/{source}"
         if self.rank == source or self.rank in receivers:
             self._channel.send(make("transfer", gen=self.generation, rank=self.rank,
@@ -343,11 +362,12 @@ class Job:
                                     f"but holds step {self.committed}")
             snap = self.registry.snapshot()
             self._group.store.set(key, json.dumps(snap.manifest(self.committed)))
-            stats = broadcast_state([t.detach() for _, t in snap.tensors], source, group, is_source=True)
+            stats = broadcast_state([t.detach() for _, t in snap.tensors], source, None, is_source=True,
+                                    receivers=receivers)
         elif self.rank in receivers:
             manifest = self._read_manifest(key)
             dsts, needs_load = self.registry.prepare_receive(manifest)
-            stats = broadcast_state(dsts, source, group, is_source=False)
+            stats = broadcast_state(dsts, source, None, is_source=False, receivers=receivers)
             with torch.no_grad():
                 self.registry.finish_receive(manifest, dsts, needs_load)
             self.committed = self._applied = manifest["step"]
@@ -403,10 +423,15 @@ class Job:
 
     def _await_generation(self) -> dict[str, Any] | None:
         """Block for the next ``generation`` message; None means released."""
-        msg = self._inbox.get()
-        if msg["type"] == "release":
-            return None
-        return msg
+        while True:
+            msg = self._inbox.get()
+            if msg["type"] == "release":
+                return None
+            if msg["type"] == "checkpoint_now":    # the job is stopping: leave a usable checkpoint
+                info = self._persist.save_now(self.committed, msg["directory"])
+                self._report_checkpoint(info)
+                continue
+            return msg
 
 
 _job: Job | None = None

@@ -91,8 +91,10 @@ def _adjacent(ts: list[torch.Tensor]) -> torch.Tensor | None:
 
 def broadcast_state(tensors: list[torch.Tensor], src: int, group: dist.ProcessGroup | None,
                     is_source: bool, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                    direct_bytes: int | None = None) -> TransferStats:
-    """Broadcast ``tensors`` from global rank ``src`` to every member of ``group``.
+                    direct_bytes: int | None = None, receivers: list[int] | None = None) -> TransferStats:
+    """Send ``tensors`` from global rank ``src`` to every member of ``group``, or, when
+    ``receivers`` is given, point to point to those ranks only (the others take no part: no
+    subgroup has to be formed, which would need every rank of the generation alive).
 
     On the source they are read; elsewhere they are written in place (they must be contiguous
     and have the manifest's dtypes and shapes). Raises ``StateMismatch`` on a checksum error."""
@@ -100,10 +102,18 @@ def broadcast_state(tensors: list[torch.Tensor], src: int, group: dist.ProcessGr
     plan = plan_buckets([(t.dtype, t.numel()) for t in tensors], bucket_bytes, direct_bytes)
     stats = TransferStats(bytes=sum(t.numel() * t.element_size() for t in tensors), buckets=len(plan))
     crcs: list[int] = []
-    inflight: list[tuple[dist.Work, torch.Tensor, list[int]]] = []
+    inflight: list[tuple[list[dist.Work], torch.Tensor, list[int]]] = []
 
-    def finish(work: dist.Work, flat: torch.Tensor, idx: list[int]) -> None:
-        work.wait()
+    def post(flat: torch.Tensor) -> list[dist.Work]:
+        if receivers is None:
+            return [dist.broadcast(flat, src=src, group=group, async_op=True)]
+        if is_source:
+            return [dist.isend(flat, dst=r) for r in receivers]
+        return [dist.irecv(flat, src=src)]
+
+    def finish(works: list[dist.Work], flat: torch.Tensor, idx: list[int]) -> None:
+        for work in works:
+            work.wait()
         if is_source:
             return
         crcs.append(_checksum(flat))
@@ -134,7 +144,7 @@ def broadcast_state(tensors: list[torch.Tensor], src: int, group: dist.ProcessGr
             flat = staging(tensors[idx[0]].dtype, sum(tensors[i].numel() for i in idx))
             if is_source:
                 torch.cat([tensors[i].reshape(-1) for i in idx], out=flat)
-        inflight.append((dist.broadcast(flat, src=src, group=group, async_op=True), flat, idx))
+        inflight.append((post(flat), flat, idx))
         if is_source:
             crcs.append(_checksum(flat))                # while the bytes are on the wire
         if len(inflight) >= DEPTH:
@@ -144,7 +154,8 @@ def broadcast_state(tensors: list[torch.Tensor], src: int, group: dist.ProcessGr
 
     check = torch.tensor(crcs, dtype=torch.int64)
     expected = check.clone()
-    dist.broadcast(expected, src=src, group=group)
+    for work in post(expected):
+        work.wait()
     if not torch.equal(check, expected):
         bad = [i for i, (a, b) in enumerate(zip(check.tolist(), expected.tolist())) if a != b]
         raise StateMismatch(f"state transfer corrupted: checksum mismatch in bucket(s) {bad}")

@@ -1,0 +1,75 @@
+"""Glue between the state registry and persistent checkpoints (``hotspare.checkpoint``).
+
+A checkpoint holds exactly what a state transfer carries: the registry's tensors plus its
+manifest (JSON metadata), so restoring one goes through the same ``prepare_receive`` /
+``finish_receive`` path as receiving from a peer. The fingerprint covers the *model* entries
+only (names, dtypes, shapes): it identifies the job's model whether or not the optimizer has
+created its state yet.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from hotspare.checkpoint import AsyncCheckpointer, CheckpointInfo, fingerprint_of, load, save
+from hotspare.runtime.state import Snapshot, StateRegistry
+
+ENV_DIR = "HOTSPARE_CHECKPOINT_DIR"
+ENV_EVERY = "HOTSPARE_CHECKPOINT_EVERY"        # steps
+ENV_SECONDS = "HOTSPARE_CHECKPOINT_SECONDS"
+
+
+def fingerprint(registry: StateRegistry) -> str:
+    modules = {n for n, o in registry.objects().items() if isinstance(o, torch.nn.Module)}
+    snap = registry.snapshot()
+    return fingerprint_of({"/".join(map(str, p)): (str(t.dtype), list(t.shape))
+                           for p, t in snap.tensors if p[0] in modules})
+
+
+def _payload(snap: Snapshot, step: int) -> tuple[dict[str, torch.Tensor], dict]:
+    return ({f"t{i:06d}": t.detach() for i, (_, t) in enumerate(snap.tensors)}, snap.manifest(step))
+
+
+class Persister:
+    """Periodic asynchronous checkpoints by the generation's rank 0, as configured by the launcher."""
+
+    def __init__(self, registry: StateRegistry):
+        self.registry = registry
+        self.directory = os.environ.get(ENV_DIR) or None
+        every = int(os.environ.get(ENV_EVERY, 0)) or None
+        seconds = float(os.environ.get(ENV_SECONDS, 0)) or None
+        self._async: AsyncCheckpointer | None = None
+        self._every, self._seconds = every, seconds
+
+    def _writer(self) -> AsyncCheckpointer | None:
+        if self.directory and (self._every or self._seconds) and self._async is None:
+            self._async = AsyncCheckpointer(self.directory, fingerprint(self.registry),
+                                            interval_steps=self._every, interval_seconds=self._seconds)
+        return self._async
+
+    def after_commit(self, step: int) -> CheckpointInfo | None:
+        """Start a background write if one is due; return a write that finished, if any."""
+        writer = self._writer()
+        if writer is None:
+            return None
+        done = writer.poll()
+        if writer.due(step):
+            writer.submit(step, *_payload(self.registry.snapshot(), step))
+        return done
+
+    def save_now(self, step: int, directory: str) -> CheckpointInfo:
+        """A synchronous checkpoint (the job is stopping and this is its last copy)."""
+        if self._async is not None:
+            self._async.wait()
+        return save(directory, step, *_payload(self.registry.snapshot(), step), fingerprint(self.registry))
+
+    def restore(self, path: str) -> int:
+        """Load a verified checkpoint into the tracked objects; returns its step."""
+        step, tensors, manifest, _info = load(path, fingerprint(self.registry))
+        dsts, needs_load = self.registry.prepare_receive(manifest)
+        with torch.no_grad():
+            for i, dst in enumerate(dsts):
+                dst.copy_(tensors[f"t{i:06d}"])
+            self.registry.finish_receive(manifest, dsts, needs_load)
+        return step

@@ -1,0 +1,115 @@
+"""Hard faults with real processes and signals, judged by the bitwise oracle: hangs, abrupt
+exits, faults during a recovery, every copy lost (checkpoint fallback), resume, no capacity."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hotspare.testing import run_job
+from hotspare.testing.local import EXAMPLE
+
+ARGS = ["--model", "tiny", "--steps", "40"]
+FAST = ["--hang-floor", "1"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    r = run_job(ARGS)
+    assert r.code == 0, r.output
+    return r.digest
+
+
+def assert_memory_recovery(r, reference, failures=None):
+    assert r.code == 0, r.output
+    rep = r.report
+    assert rep["final_state_digest"] == reference and rep["steps_repeated"] == 0 and rep["steps_lost"] == 0
+    assert all(f["recovery_path"] == "memory" and f["lost_steps"] == 0 for f in rep["failures"])
+    if failures is not None:
+        assert rep["failures_total"] == failures, rep["failures"]
+    return rep
+
+
+def test_hang_is_detected_by_heartbeat_fenced_and_replaced(reference):
+    rep = assert_memory_recovery(run_job(ARGS, inject=["hang:rank=1:step=11"], extra=FAST), reference, 1)
+    f = rep["failures"][0]
+    assert f["kind"] == "hang" and f["rank"] == 1
+    assert 0.5 < f["detection_latency_s"] < 10       # threshold 1 s: far below any collective timeout
+
+
+def test_abrupt_exit_with_a_status(reference):
+    rep = assert_memory_recovery(run_job(ARGS, inject=["exit:rank=2:step=13:code=7"]), reference, 1)
+    assert rep["failures"][0]["kind"] == "exit 7"
+
+
+def test_replacement_killed_while_receiving_the_state(reference):
+    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=3:phase=transfer"], extra=FAST)
+    rep = assert_memory_recovery(r, reference, 2)
+    assert rep["failures"][1]["step"] is None          # it died before running any step
+
+
+def test_source_killed_while_sending_picks_another_source(reference):
+    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=0:phase=transfer"], extra=FAST)
+    rep = assert_memory_recovery(r, reference, 2)
+    assert rep["failures"][-1]["source_rank"] != 0
+
+
+def test_survivor_killed_while_the_next_generation_forms(reference):
+    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=1:phase=join:after=9"], extra=FAST)
+    assert_memory_recovery(r, reference)
+
+
+def test_every_rank_lost_falls_back_to_the_checkpoint_and_says_so(reference, tmp_path):
+    kills = [f"kill:rank={r}:step=25" for r in range(4)]
+    r = run_job(ARGS, inject=kills, extra=["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "10"])
+    assert r.code == 0, r.output
+    rep = r.report
+    assert rep["final_state_digest"] == reference       # recomputed deterministically from step 20
+    assert rep["recovered_from_checkpoint"] == 4 and rep["recovered_zero_loss"] == 0
+    assert rep["steps_lost"] == 4 and rep["checkpoints_written"] >= 2
+    assert "falling back to the checkpoint at step 20" in r.output
+
+
+def test_resume_from_a_checkpoint_continues_bitwise(reference, tmp_path):
+    first = run_job(["--model", "tiny", "--steps", "30"], extra=["--checkpoint-dir", str(tmp_path),
+                                                                 "--checkpoint-every", "10"])
+    assert first.code == 0, first.output
+    resumed = run_job(ARGS, extra=["--resume", str(tmp_path)])
+    assert resumed.code == 0, resumed.output
+    assert resumed.digest == reference and "resuming from" in resumed.output
+
+
+def test_corrupt_checkpoint_is_refused_before_anything_starts(tmp_path):
+    r = run_job(["--model", "tiny", "--steps", "12"], extra=["--checkpoint-dir", str(tmp_path),
+                                                             "--checkpoint-every", "10"])
+    assert r.code == 0, r.output
+    latest = (tmp_path / "LATEST").read_text().strip()
+    data = next(p for p in (tmp_path / latest).iterdir() if p.suffix == ".distcp")
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    proc = subprocess.run([sys.executable, "-m", "hotspare", "run", "--nproc", "2", "--resume", str(tmp_path),
+                           "--", str(EXAMPLE), "--model", "tiny", "--steps", "20"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "corrupt" in proc.stderr, proc.stderr
+
+
+def test_no_capacity_left_stops_cleanly_with_a_usable_checkpoint(tmp_path):
+    r = run_job(ARGS, nproc=3, spares=0, inject=["kill:rank=1:step=12"],
+                extra=["--max-replacements", "0", "--capacity-wait", "1", "--checkpoint-dir", str(tmp_path)])
+    assert r.code == 1, r.output
+    assert "no capacity left" in r.output and f"--resume {tmp_path}" in r.output
+    assert r.report["outcome"] == "stopped"
+    resumed = run_job(ARGS, nproc=3, spares=0, extra=["--resume", str(tmp_path)])
+    assert resumed.code == 0 and "resuming from" in resumed.output
+
+
+def test_short_chaos_soak_ends_bitwise_equal_with_zero_lost_steps():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "hotspare", "chaos", "--faults", "8", "--steps", "400",
+                           "--seed", "1"], capture_output=True, text=True, timeout=600, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "digest match                 yes" in out and "steps lost                   0" in out
+    injected = int(out.split("faults injected")[1].split()[0])
+    assert injected >= 8
