@@ -6,7 +6,10 @@
 Everything is measured side by side in one invocation and reported as ratios where a ratio is
 the point (this machine is noisy; absolute times are context):
 1. downtime per failure, split into detect / decide / rebuild groups / transfer state / first
-   committed step, from hotspare's own report of a run with SIGKILLs injected;
+   committed step, from hotspare's own report of a run with SIGKILLs injected; then downtime per
+   fault kind (kill, hang -- where "detect" is the hang-detection latency, fault to fenced --
+   exit, the replacement killed during the transfer, a survivor killed while the next generation
+   forms, and every rank lost at once, which falls back to a checkpoint);
 2. steady-state per-step overhead of hotspare against the same script under plain torchrun
    (median step time, runs interleaved A/B/A/B so drift hits both);
 3. state-transfer throughput of hotspare's bucketed, checksummed broadcast against one raw gloo
@@ -46,6 +49,37 @@ def downtime(model: str, steps: int, kills: list[int]) -> list[dict]:
     r = run_job(["--model", model, "--steps", str(steps)], nproc=4, spares=1, inject=inject, timeout=1800)
     assert r.code == 0 and r.report, r.output[-3000:]
     return r.report["failures"]
+
+
+KINDS = {
+    "kill": ["kill:rank=1:step={s}"],
+    "hang": ["hang:rank=1:step={s}"],
+    "exit": ["exit:rank=1:step={s}:code=3"],
+    "kill during transfer": ["kill:rank=1:step={s}", "kill:rank=1:phase=transfer:after={s}"],
+    "kill during join": ["kill:rank=1:step={s}", "kill:rank=2:phase=join:after={s}"],
+    "all ranks (checkpoint)": ["kill:rank=0:step={s}", "kill:rank=1:step={s}", "kill:rank=2:step={s}",
+                               "kill:rank=3:step={s}"],
+}
+
+
+def per_kind(model: str, steps: int) -> dict[str, dict]:
+    out = {}
+    fault_step = steps // 2
+    for kind, specs in KINDS.items():
+        extra = ["--hang-floor", "2"]
+        if kind.startswith("all"):
+            tmp = tempfile.mkdtemp()
+            extra += ["--checkpoint-dir", tmp, "--checkpoint-every", str(max(1, steps // 5))]
+        r = run_job(["--model", model, "--steps", str(steps)], inject=[x.format(s=fault_step) for x in specs],
+                    extra=extra, timeout=1800)
+        assert r.code == 0 and r.report, r.output[-3000:]
+        fails = r.report["failures"]
+        first = fails[0]
+        downtime = max(f["downtime_s"] or 0 for f in fails)
+        out[kind] = {"detect_s": first["phases_s"]["detect"], "downtime_s": downtime,
+                     "lost_steps": r.report["steps_lost"], "path": first["recovery_path"],
+                     "failures": len(fails)}
+    return out
 
 
 # ---------------------------------------------------------------------------- 2. overhead
@@ -158,6 +192,13 @@ def main() -> None:
               + f" {f['downtime_s']:>7.2f} s {f['lost_steps']:>4}")
     med_down = statistics.median(f["downtime_s"] for f in fails)
 
+    print("\n1b. downtime per fault kind (one run each, fault in the middle of the run)", flush=True)
+    kinds = per_kind(model, 40 if args.quick else 60)
+    print(f"   {'fault':<24} {'detect':>8} {'downtime':>9} {'lost':>5}  path")
+    for kind, k in kinds.items():
+        det = f"{1000 * k['detect_s']:.0f} ms" if k["detect_s"] is not None else "-"
+        print(f"   {kind:<24} {det:>8} {k['downtime_s']:>7.2f} s {k['lost_steps']:>5}  {k['path']}")
+
     print("\n2. steady-state overhead vs plain torchrun (same script, median step time)", flush=True)
     ov = overhead(model, steps, rounds)
     for t, h in zip(ov["torchrun_median_step_s"], ov["hotspare_median_step_s"]):
@@ -172,7 +213,8 @@ def main() -> None:
     print(f"   hotspare / torchrun step time      {ov['ratio']:.4f}   (target < 1.005)")
     print(f"   transfer throughput / raw          {tr['ratio']:.2f}     (target >= 0.80)")
     if args.json:
-        json.dump({"failures": fails, "overhead": ov, "transfer": tr}, open(args.json, "w"), indent=2)
+        json.dump({"failures": fails, "kinds": kinds, "overhead": ov, "transfer": tr},
+                  open(args.json, "w"), indent=2)
 
 
 if __name__ == "__main__":

@@ -113,3 +113,13 @@ def test_short_chaos_soak_ends_bitwise_equal_with_zero_lost_steps():
     assert "digest match                 yes" in out and "steps lost                   0" in out
     injected = int(out.split("faults injected")[1].split()[0])
     assert injected >= 8
+
+
+def test_a_slow_rank_that_keeps_committing_is_never_fenced():
+    from hotspare.testing.local import REPO
+    # every step takes 0.8 s, longer than the 0.5 s floor: the threshold follows the measured
+    # step time (10 x median), so the slow rank is not taken for a hung one.
+    r = run_job(["12"], script=REPO / "tests" / "scripts" / "slow.py", extra=["--hang-floor", "0.5"],
+                env={"SLOW_RANK": "2", "SLOW_S": "0.8"})
+    assert r.code == 0, r.output
+    assert r.report["failures_total"] == 0 and "FENCE" not in r.output

@@ -171,3 +171,11 @@ def test_no_capacity_stops_cleanly_after_a_last_checkpoint():
     assert d.actions == (CheckpointNow(0, v.stopping),)
     d = feed(v, Checkpointed(7, "/ck/step-000000007"))
     assert isinstance(d.actions[0], Stop) and "--resume /ck" in d.actions[0].message
+
+
+def test_when_no_survivor_reports_the_wait_is_longer_but_bounded():
+    v = running_view()
+    feed(v, WorkerExited("w1", -9))
+    assert tick(v, stalled=0, recovering=2.5).actions == ()      # nobody reported: be patient
+    d = tick(v, stalled=0, recovering=6.0)                         # ...but never forever
+    assert d.actions[0].ranks == (0, 2, 3)

@@ -14,7 +14,6 @@ Generation lifecycle::
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -315,8 +314,11 @@ def _on_tick(view: ClusterView, tick: Tick) -> Decision:
         silent = tuple(sorted(set(view.members) - view.lost - set(view.reports) - view.fenced))
         # Fence the silent only while a reported survivor still holds the state: fencing every
         # holder would turn a slow recovery into a lost one.
-        if silent and view.reports and tick.recovering_for >= tick.limit:
-            reason = (f"rank(s) {list(silent)} did not report within {tick.limit:.1f} s of the "
+        # When nobody reported at all, wait three times as long before giving up on them:
+        # never hang forever.
+        patience = tick.limit if view.reports else 3 * tick.limit
+        if silent and tick.recovering_for >= patience:
+            reason = (f"rank(s) {list(silent)} did not report within {patience:.1f} s of the "
                       "recovery starting: fencing them as hung")
             return Decision((Fence(silent, reason),), reason)
         if (not silent and view.stopping is None and view.replacements_left == 0 and view.starting == 0
@@ -402,4 +404,4 @@ def _bug_message(first: Crashed, again: Crashed) -> str:
             f"{again.traceback.rstrip() or again.error}")
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "dataclasses", "Union")]
+__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "Union")]
