@@ -38,8 +38,9 @@ def test_first_generation_forms_when_all_ranks_ready_and_syncs_from_rank_0():
 def test_kill_at_step_30_spare_replaces_rank_and_state_comes_from_most_advanced_survivor():
     v = running_view()
     d = feed(v, WorkerExited("w2", -9, "was killed by SIGKILL"))
+    assert d.actions == () and "waiting for ranks [0, 1, 3]" in d.reason
+    d = tick(v, stalled=0, recovering=0.6)      # the backstop: survivors still silent get an abort
     assert d.actions == (AbortGeneration(1, (0, 1, 3)),)
-    assert "waiting for ranks [0, 1, 3]" in d.reason
     feed(v, StepFailed("w0", 0, 1, 30))
     feed(v, StepFailed("w1", 1, 1, 29))       # failed mid-allreduce: one step behind
     d = feed(v, StepFailed("w3", 3, 1, 30))
@@ -138,7 +139,8 @@ def test_silent_survivor_is_fenced_during_recovery():
     feed(v, WorkerExited("w1", -9))
     feed(v, StepFailed("w0", 0, 1, 5))
     feed(v, StepFailed("w2", 2, 1, 5))
-    assert tick(v, stalled=0, recovering=1.0).actions == ()
+    assert tick(v, stalled=0, recovering=1.0).actions == (AbortGeneration(1, (3,)),)
+    assert tick(v, stalled=0, recovering=1.5).actions == ()
     assert tick(v, stalled=0, recovering=2.5).actions[0].ranks == (3,)
 
 
@@ -176,6 +178,17 @@ def test_no_capacity_stops_cleanly_after_a_last_checkpoint():
 def test_when_no_survivor_reports_the_wait_is_longer_but_bounded():
     v = running_view()
     feed(v, WorkerExited("w1", -9))
+    assert isinstance(tick(v, stalled=0, recovering=0.6).actions[0], AbortGeneration)
     assert tick(v, stalled=0, recovering=2.5).actions == ()      # nobody reported: be patient
     d = tick(v, stalled=0, recovering=6.0)                         # ...but never forever
     assert d.actions[0].ranks == (0, 2, 3)
+
+
+def test_a_survivor_that_never_received_the_state_is_not_a_copy():
+    # ranks 0-2 were fenced; rank 3 is a spare that joined but never got the state (-1)
+    p = plan_recovery({0, 1, 2}, {3: -1}, warm_spares=3, job_step=263)
+    assert p.path == "stop" and set(p.receivers) == {0, 1, 2, 3}
+    p = plan_recovery({0, 1, 2}, {3: -1}, warm_spares=3, checkpoint_step=200, job_step=263)
+    assert p.path == "checkpoint" and p.target_step == 200
+    p = plan_recovery({1}, {0: 262, 2: 263, 3: -1}, warm_spares=1, job_step=263)
+    assert (p.path, p.source, p.receivers) == ("memory", 2, (0, 1, 3))   # one step behind still counts

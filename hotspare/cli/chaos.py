@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="tiny", choices=["tiny", "1m", "5m"], help="model preset (default: tiny)")
     p.add_argument("--hang-floor", type=float, default=2.0, help="hang threshold floor in seconds (default: 2)")
     p.add_argument("--report", metavar="FILE", help="write the faulted run's JSON report here")
+    p.add_argument("--log", metavar="FILE", help="write the faulted run's full output here")
     p.set_defaults(func=run)
 
 
@@ -75,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     faulted = run_job(common, nproc=args.nproc, spares=args.spares, inject=sched.specs, extra=extra,
                       timeout=max(600, 20 * steps))
     say(f"faulted run: exit {faulted.code} in {time.time() - t0:.0f} s")
+    if args.log:
+        with open(args.log, "w") as out:
+            out.write(faulted.output)
     clean = run_job(common, nproc=args.nproc, spares=args.spares, extra=extra, timeout=max(600, 20 * steps))
     say(f"fault-free run: exit {clean.code}")
     if faulted.report is None or clean.report is None or faulted.code or clean.code:
@@ -101,5 +105,7 @@ def run(args: argparse.Namespace) -> int:
     for name, value in rows:
         print(f"  {name:<28} {value}")
     ok = match and f["steps_lost"] == 0 and f["steps_repeated"] == 0
+    if not ok:
+        print("\n".join(faulted.output.splitlines()[-40:]), file=sys.stderr)
     say("RESULT: " + ("digest matches the fault-free run, no step lost or repeated" if ok else "FAILED"))
     return 0 if ok else 1

@@ -152,6 +152,7 @@ class Coordinator:
         raise ProtocolError(f"unexpected {kind!r} from a worker")
 
     def _signal(self, sig: policy.Signal, t: float) -> None:
+        self.view.job_step = self.ledger.max_committed()
         policy.observe(self.view, sig)
         decision = policy.decide(self.view, sig, t)
         if self.debug and not (isinstance(sig, policy.Tick) and not decision.actions):

@@ -21,6 +21,9 @@ from hotspare.policy.hang import RankActivity, find_hung
 from hotspare.policy.recovery import plan_recovery
 
 
+ABORT_GRACE_S = 0.5   # after a member is lost, survivors get this long to fail (or finish) on their own
+
+
 # ---------------------------------------------------------------------------- signals
 @dataclass(frozen=True)
 class WorkerReady:
@@ -165,6 +168,7 @@ class ClusterView:
     replacements_left: int | None = None                         # processes we may still start (None: no limit)
     capacity_wait: float = 60.0                                  # seconds to wait for capacity, then stop
     stopping: str | None = None                                  # waiting for a last checkpoint, then stop
+    job_step: int = -1                                           # newest step any rank ever committed
 
     def rank_of(self, worker: str) -> int | None:
         for r, w in self.members.items():
@@ -271,8 +275,10 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
     if isinstance(sig, WorkerExited):
         rank = next((r for r in view.lost if view.members.get(r) == sig.worker), None)
         if rank is not None:
-            survivors = tuple(sorted(set(view.members) - view.lost))
-            actions.append(AbortGeneration(view.generation, survivors))
+            # No abort yet: a collective that does not need the dead rank any more may still
+            # complete on the survivors (a rank that finished step k must not drag the others
+            # back to k-1); those that touch it fail at once, and a failing survivor aborts its
+            # own generation, which frees whoever waits for it. The abort is a backstop (Tick).
             reasons.append(f"rank {rank} ({sig.worker}) {sig.description or 'exited'}")
         elif sig.worker in view.ready_workers and view.rank_of(sig.worker) is None:
             if view.phase != "finished" and _spares_needed(view) > 0:
@@ -312,6 +318,9 @@ def _on_tick(view: ClusterView, tick: Tick) -> Decision:
             return Decision((AbortGeneration(view.generation, tuple(sorted(view.members))),), reason)
     elif view.phase == "recovering":
         silent = tuple(sorted(set(view.members) - view.lost - set(view.reports) - view.fenced))
+        if silent and not view.aborted and tick.recovering_for >= ABORT_GRACE_S:
+            reason = f"rank(s) {list(silent)} still in generation {view.generation}: aborting it"
+            return Decision((AbortGeneration(view.generation, silent),), reason)
         # Fence the silent only while a reported survivor still holds the state: fencing every
         # holder would turn a slow recovery into a lost one.
         # When nobody reported at all, wait three times as long before giving up on them:
@@ -367,15 +376,17 @@ def _recover(view: ClusterView) -> Decision:
     if view.stopping:
         return Decision((), f"stopping: {view.stopping}")
     ckpt = view.checkpoint.step if view.checkpoint else None
-    plan = plan_recovery(view.lost, view.reports, len(view.ready_spares), view.starting, ckpt)
+    plan = plan_recovery(view.lost, view.reports, len(view.ready_spares), view.starting, ckpt,
+                         job_step=view.job_step)
     if plan.path == "checkpoint":
         if len(view.ready_spares) < len(view.lost):
             start = _can_start(view, len(view.lost) - len(view.ready_spares) - view.starting)
             return Decision((StartSpares(start),) if start else (),
                             plan.reason + f"; waiting for {len(view.lost)} replacement(s)")
         replacements = dict(zip(sorted(view.lost), view.ready_spares))
-        form = FormGeneration(view.generation + 1, dict(sorted(replacements.items())), plan.target_step,
-                              -1, tuple(sorted(replacements)), replacements, restore=view.checkpoint.path)
+        members = {**{r: w for r, w in view.members.items() if r not in view.lost}, **replacements}
+        form = FormGeneration(view.generation + 1, dict(sorted(members.items())), plan.target_step,
+                              -1, tuple(sorted(members)), replacements, restore=view.checkpoint.path)
         refill = _can_start(view, view.target_spares - (len(view.ready_spares) - len(replacements)) - view.starting)
         return Decision((form, StartSpares(refill)) if refill else (form,), plan.reason)
     if plan.path == "memory":

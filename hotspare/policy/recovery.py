@@ -30,13 +30,22 @@ def plan_recovery(
     warm_spares: int,
     starting: int = 0,
     checkpoint_step: int | None = None,
+    job_step: int | None = None,
 ) -> RecoveryPlan:
     """Decide how to replace ``lost`` ranks.
 
     ``committed`` maps each *surviving* rank to its last committed step (-1 if none);
-    ``warm_spares`` are idle workers ready now; ``starting`` are replacements already booting.
+    ``warm_spares`` are idle workers ready now; ``starting`` are replacements already booting;
+    ``job_step`` is the newest step any rank ever committed. A survivor more than one step behind
+    it (e.g. a spare that joined but never received the state) holds no copy worth the name: it
+    is a receiver, not a source, and if no survivor holds a copy the state is lost.
     """
     lost = tuple(sorted(set(lost)))
+    stale = {r for r, s in committed.items() if job_step is not None and s < job_step - 1}
+    copies = {r: s for r, s in committed.items() if r not in stale}
+    if not copies:
+        lost = tuple(sorted(set(lost) | stale))
+        committed = {}
     if not committed:
         if checkpoint_step is not None:
             return RecoveryPlan("checkpoint", checkpoint_step, None, lost, 0, 0,
@@ -44,8 +53,8 @@ def plan_recovery(
                                 f"falling back to the checkpoint at step {checkpoint_step}")
         return RecoveryPlan("stop", None, None, lost, 0, 0,
                             "no in-memory copy of the state survives and no checkpoint exists")
-    target = max(committed.values())
-    source = min(r for r, s in committed.items() if s == target)
+    target = max(copies.values())
+    source = min(r for r, s in copies.items() if s == target)
     laggards = tuple(r for r, s in sorted(committed.items()) if s < target)
     receivers = tuple(sorted(set(lost) | set(laggards)))
     lag_note = f"; ranks {list(laggards)} were one step behind and catch up" if laggards else ""
