@@ -227,7 +227,8 @@ class Job:
                 if self.rank == 0:
                     self._report_checkpoint(self._persist.after_commit(step))
             elif self.rank == 0 and self._metrics:
-                print(f"step {step} " + " ".join(f"{k} {v:.4f}" for k, v in self._metrics.items())
+                print(f"step {step} " + " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                                 for k, v in self._metrics.items())
                       + f" | {dt * 1000:.0f} ms", flush=True)
             self._metrics = {}
             return False
