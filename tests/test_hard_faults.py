@@ -27,6 +27,7 @@ def assert_memory_recovery(r, reference, failures=None):
     assert all(f["recovery_path"] == "memory" and f["lost_steps"] == 0 for f in rep["failures"])
     if failures is not None:
         assert rep["failures_total"] == failures, rep["failures"]
+    assert rep["failures_total"] >= 1
     return rep
 
 
@@ -43,20 +44,21 @@ def test_abrupt_exit_with_a_status(reference):
 
 
 def test_replacement_killed_while_receiving_the_state(reference):
-    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=3:phase=transfer"], extra=FAST)
-    rep = assert_memory_recovery(r, reference, 2)
+    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=3:phase=transfer"])
+    rep = assert_memory_recovery(r, reference)
     assert rep["failures"][1]["step"] is None          # it died before running any step
 
 
 def test_source_killed_while_sending_picks_another_source(reference):
-    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=0:phase=transfer"], extra=FAST)
-    rep = assert_memory_recovery(r, reference, 2)
-    assert rep["failures"][-1]["source_rank"] != 0
+    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=0:phase=transfer"])
+    rep = assert_memory_recovery(r, reference)
+    assert rep["failures"][1]["rank"] == 0 and rep["failures"][1]["source_rank"] != 0
 
 
 def test_survivor_killed_while_the_next_generation_forms(reference):
-    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=1:phase=join:after=9"], extra=FAST)
-    assert_memory_recovery(r, reference)
+    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=1:phase=join:after=9"])
+    rep = assert_memory_recovery(r, reference)
+    assert rep["failures_total"] >= 2
 
 
 def test_every_rank_lost_falls_back_to_the_checkpoint_and_says_so(reference, tmp_path):
