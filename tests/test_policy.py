@@ -16,7 +16,7 @@ def feed(view, sig):
 
 
 def running_view(world=4, spares=1):
-    v = ClusterView(world_size=world, total_steps=100, target_spares=spares)
+    v = ClusterView(world_size=world, target_spares=spares)
     for r in range(world):
         feed(v, WorkerReady(f"w{r}", "active", r))
     for s in range(spares):
@@ -26,7 +26,7 @@ def running_view(world=4, spares=1):
 
 
 def test_first_generation_forms_when_all_ranks_ready_and_syncs_from_rank_0():
-    v = ClusterView(world_size=3, total_steps=10, target_spares=0)
+    v = ClusterView(world_size=3, target_spares=0)
     assert feed(v, WorkerReady("w0", "active", 0)).actions == ()
     feed(v, WorkerReady("w1", "active", 1))
     d = feed(v, WorkerReady("w2", "active", 2))
@@ -97,7 +97,7 @@ def test_release_when_every_rank_is_done_and_spare_exit_is_replaced():
 
 
 def test_worker_failing_before_ready_stops_with_startup_message():
-    v = ClusterView(world_size=2, total_steps=10, target_spares=1)
+    v = ClusterView(world_size=2, target_spares=1)
     d = feed(v, WorkerExited("w0", 2, "exited with code 2"))
     assert isinstance(d.actions[0], Stop) and "failed to start" in d.actions[0].message
 

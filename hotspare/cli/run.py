@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
                 "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
                 "resume": args.resume, "hang_floor_s": args.hang_floor, "hang_factor": args.hang_factor}
     ledger = Ledger(settings)
-    view = ClusterView(world_size=args.nproc, total_steps=0, target_spares=args.spares,
+    view = ClusterView(world_size=args.nproc, target_spares=args.spares,
                        resume=getattr(args, "resume_path", None), replacements_left=args.max_replacements,
                        capacity_wait=args.capacity_wait)
     coord = Coordinator(agent, events, view, ledger, log=log, log_every=args.log_every or 0,

@@ -147,7 +147,6 @@ class Decision:
 @dataclass
 class ClusterView:
     world_size: int
-    total_steps: int
     target_spares: int
     generation: int = 0
     phase: str = "starting"

@@ -97,7 +97,6 @@ class Job:
         self._inbox: "queue.Queue[dict[str, Any]]" = queue.Queue()
         self._channel: Channel | None = None
         self._store: dist.Store | None = None
-        self._finished = False
         self._total = 0
         self._ddps: list[torch.nn.Module] = []
         self.step_times: list[float] = []   # seconds per committed step on this rank
@@ -395,7 +394,6 @@ class Job:
                                 digest=self.registry.digest()))
         msg = self._await_generation()
         if msg is None:
-            self._finished = True
             return True
         self._join_until_ok(msg)
         return False
