@@ -17,6 +17,8 @@ SUBCOMMANDS = [
     ("chaos", "hotspare.cli.chaos"),
     ("plan", "hotspare.cli.plan"),
     ("simulate", "hotspare.cli.simulate"),
+    ("health", "hotspare.cli.health"),   # also registers cordon / drain / uncordon
+    ("check", "hotspare.cli.check"),     # admission and quarantine diagnostics
 ]
 
 
