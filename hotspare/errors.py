@@ -31,3 +31,10 @@ class StateMismatch(HotspareError):
 
 class JobFailed(HotspareError):
     """The job cannot continue; the message says why (e.g. a bug in the training script)."""
+
+
+class InvalidTransition(HotspareError, ValueError):
+    """A device lifecycle move the table does not allow (``hotspare.health.lifecycle``).
+
+    The message names the move asked for, the state it was asked from and the moves allowed.
+    """
