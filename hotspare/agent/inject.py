@@ -27,14 +27,30 @@ fault injection (--inject, repeatable; steps count from 0; each fault fires once
                               (phase faults fire during recoveries, generation 2 and later,
                               unless :gen=G names the generation; :after=S arms one only
                               once some rank has started step S)
+health faults (the device under rank R degrades; the health service must react). :step=S
+fires at step S, without it at the rank's first step:
+  thermal:rank=R:temp=T       the simulated telemetry of R's device reads T deg C (HW thermal
+                              slowdown set when T >= 90)
+  ecc:rank=R:kind=K           an ECC error, K = correctable | uncorrectable (simulated telemetry)
+  xid:rank=R:code=C           Xid C reported for R's device (e.g. 79 fallen off the bus, 94, 48)
+  slow:rank=R:factor=F        the worker really computes F times slower from then on
+  corrupt:rank=R              the worker flips a bit of one parameter value in its own memory
+  nan:rank=R:step=S           the worker's gradients of step S become NaN
 examples:
   --inject kill:rank=2:step=60
   --inject hang:rank=1:step=30 --inject exit:rank=3:step=80:code=7
   --inject kill:rank=0:step=10 --inject kill:rank=1:phase=transfer"""
 
-KINDS = ("kill", "hang", "exit")
+PROCESS_FAULTS = ("kill", "hang", "exit")
+DEVICE_FAULTS = ("thermal", "ecc", "xid")          # change what the simulated telemetry reads
+WORKER_FAULTS = ("slow", "corrupt", "nan")         # done by the worker to itself, for real
+KINDS = PROCESS_FAULTS + DEVICE_FAULTS + WORKER_FAULTS
 PHASES = ("join", "transfer")
-_KEYS = {"rank", "step", "code", "phase", "gen", "after"}
+ECC_KINDS = ("correctable", "uncorrectable")
+_KEYS = {"rank", "step", "code", "phase", "gen", "after", "temp", "kind", "factor"}
+# kind -> (required extra keys, allowed extra keys)
+_HEALTH_KEYS = {"thermal": ({"temp"}, {"temp"}), "ecc": ({"kind"}, {"kind"}), "xid": ({"code"}, {"code"}),
+                "slow": ({"factor"}, {"factor"}), "corrupt": (set(), set()), "nan": ({"step"}, set())}
 
 
 @dataclasses.dataclass
@@ -46,13 +62,24 @@ class Fault:
     gen: int | None = None
     code: int = 1
     after: int = 0
+    params: dict = dataclasses.field(default_factory=dict)   # health faults: temp, kind, factor, code
     fired: bool = False
+
+    @property
+    def target(self) -> str:
+        """Who carries the fault out: "process" (a signal), "device" (telemetry), "worker"."""
+        if self.kind in DEVICE_FAULTS:
+            return "device"
+        return "worker" if self.kind in WORKER_FAULTS else "process"
 
     @property
     def signal(self) -> signal.Signals | None:
         return {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}.get(self.kind)
 
     def __str__(self) -> str:
+        if self.kind not in PROCESS_FAULTS:
+            where = "".join(f":{k}={v}" for k, v in self.params.items())
+            return f"{self.kind}:rank={self.rank}{where}" + (f":step={self.step}" if self.step is not None else "")
         where = f"step={self.step}" if self.phase is None else f"phase={self.phase}"
         extra = f":code={self.code}" if self.kind == "exit" else ""
         extra += f":gen={self.gen}" if self.gen is not None else ""
@@ -72,6 +99,10 @@ def parse(spec: str, world_size: int | None = None) -> Fault:
             raise ConfigError(f"--inject {spec!r}: bad field {part!r}; use key=value with keys "
                               f"{', '.join(sorted(_KEYS))}.\n{GRAMMAR}")
         fields[key] = value
+    if kind not in PROCESS_FAULTS:
+        return _parse_health(spec, kind, fields, world_size)
+    if {"temp", "kind", "factor"} & set(fields):
+        raise ConfigError(f"--inject {spec!r}: temp=, kind= and factor= go with health faults only.\n{GRAMMAR}")
     ints: dict[str, int] = {}
     for key in ("rank", "step", "code", "gen", "after"):
         if key in fields:
@@ -102,6 +133,55 @@ def parse(spec: str, world_size: int | None = None) -> Fault:
                  ints.get("after", 0))
 
 
+def _parse_health(spec: str, kind: str, fields: dict[str, str], world_size: int | None) -> Fault:
+    required, extra = _HEALTH_KEYS[kind]
+    allowed = {"rank", "step"} | extra
+    bad = set(fields) - allowed
+    if bad:
+        raise ConfigError(f"--inject {spec!r}: {kind} takes {', '.join(sorted(allowed))}, not "
+                          f"{', '.join(sorted(bad))}.\n{GRAMMAR}")
+    missing = ({"rank"} | required) - set(fields)
+    if missing:
+        raise ConfigError(f"--inject {spec!r}: missing {', '.join(sorted(missing))}.\n{GRAMMAR}")
+
+    def integer(key: str) -> int:
+        try:
+            value = int(fields[key])
+        except ValueError:
+            raise ConfigError(f"--inject {spec!r}: {key} must be an integer, got {fields[key]!r}") from None
+        if value < 0:
+            raise ConfigError(f"--inject {spec!r}: {key} must be >= 0")
+        return value
+
+    rank = integer("rank")
+    if world_size is not None and rank >= world_size:
+        raise ConfigError(f"--inject {spec!r}: rank {rank} does not exist (--nproc {world_size} "
+                          f"gives ranks 0..{world_size - 1})")
+    params: dict = {}
+    if kind == "thermal":
+        try:
+            params["temp"] = float(fields["temp"])
+        except ValueError:
+            raise ConfigError(f"--inject {spec!r}: temp must be a number of deg C, got {fields['temp']!r}") from None
+        if not 0 < params["temp"] < 200:
+            raise ConfigError(f"--inject {spec!r}: temp {params['temp']} is not a plausible temperature (0-200 C)")
+    elif kind == "ecc":
+        if fields["kind"] not in ECC_KINDS:
+            raise ConfigError(f"--inject {spec!r}: kind must be one of {', '.join(ECC_KINDS)}")
+        params["kind"] = fields["kind"]
+    elif kind == "xid":
+        params["code"] = integer("code")
+    elif kind == "slow":
+        try:
+            params["factor"] = float(fields["factor"])
+        except ValueError:
+            raise ConfigError(f"--inject {spec!r}: factor must be a number, got {fields['factor']!r}") from None
+        if not 1.0 < params["factor"] <= 100:
+            raise ConfigError(f"--inject {spec!r}: factor must be > 1 (how many times slower) and <= 100")
+    step = integer("step") if "step" in fields else None
+    return Fault(kind, rank, step, params=params)
+
+
 class Injector:
     """Decides, on each heartbeat, whether a fault fires now."""
 
@@ -111,7 +191,8 @@ class Injector:
 
     def at_step(self, rank: int, step: int) -> Fault | None:
         self.max_step = max(self.max_step, step)
-        return self._take(lambda f: f.phase is None and f.rank == rank and f.step == step)
+        return self._take(lambda f: f.phase is None and f.rank == rank
+                          and (f.step == step or (f.step is None and f.kind not in PROCESS_FAULTS)))
 
     def at_phase(self, rank: int, phase: str, gen: int) -> Fault | None:
         return self._take(lambda f: f.phase == phase and f.rank == rank and self.max_step >= f.after

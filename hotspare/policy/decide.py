@@ -83,7 +83,29 @@ class Tick:
     limit: float               # the hang threshold now
 
 
-Signal = Union[WorkerReady, WorkerExited, StepFailed, Crashed, Done, Checkpointed, Tick]
+@dataclass(frozen=True)
+class HealthVerdict:
+    """The health rules judged the device under ``rank`` (see hotspare/health/rules.py)."""
+    device: str
+    rank: int | None
+    action: str                # hotspare.health.types.ACTIONS
+    reason: str
+    trust_memory: bool = True  # False: the rank's state must come from a replica
+    rule: str = ""
+    step: int | None = None    # in-process signals (fingerprint vote, NaN): the step they failed
+    worker: str = ""
+
+
+@dataclass(frozen=True)
+class Paused:
+    """A rank left its generation at a step boundary, as a live migration asked."""
+    worker: str
+    rank: int
+    gen: int
+    committed: int
+
+
+Signal = Union[WorkerReady, WorkerExited, StepFailed, Crashed, Done, Checkpointed, Tick, HealthVerdict, Paused]
 
 
 # ---------------------------------------------------------------------------- actions
@@ -96,6 +118,7 @@ class FormGeneration:
     receivers: tuple[int, ...]
     replacements: dict[int, str] = field(default_factory=dict)   # rank -> spare that takes it
     restore: str | None = None  # every rank loads this checkpoint instead of receiving from a peer
+    handoff_from: str | None = None  # live migration: this old worker sends its state to the spare
 
 
 @dataclass(frozen=True)
@@ -119,6 +142,25 @@ class CheckpointNow:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Live migration, first half: every rank of ``gen`` leaves it at the next step boundary
+    (agreed inside the gradient exchange, so all stop after the same step); then ``rank``
+    hands its state to ``spare`` directly, its memory still being good."""
+    gen: int
+    rank: int
+    spare: str
+    device: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cordon:
+    """Take a device out of service: no new work; drained, then quarantine diagnostics."""
+    device: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class StartSpares:
     count: int
 
@@ -134,7 +176,7 @@ class Stop:
     message: str
 
 
-Action = Union[FormGeneration, AbortGeneration, Fence, CheckpointNow, StartSpares, Release, Stop]
+Action = Union[FormGeneration, AbortGeneration, Fence, CheckpointNow, StartSpares, Release, Stop, Pause, Cordon]
 
 
 @dataclass(frozen=True)
@@ -168,6 +210,8 @@ class ClusterView:
     capacity_wait: float = 60.0                                  # seconds to wait for capacity, then stop
     stopping: str | None = None                                  # waiting for a last checkpoint, then stop
     job_step: int = -1                                           # newest step any rank ever committed
+    migrating: Pause | None = None                               # a live migration in flight
+    health_failures: dict[tuple[int, int], list[str]] = field(default_factory=dict)  # (rank, step) -> workers
 
     def rank_of(self, worker: str) -> int | None:
         for r, w in self.members.items():
@@ -202,6 +246,9 @@ def observe(view: ClusterView, sig: Signal) -> None:
             view.reports[sig.rank] = sig.committed
             if view.phase == "running":
                 view.phase = "recovering"
+    elif isinstance(sig, Paused):
+        if sig.gen == view.generation and view.members.get(sig.rank) == sig.worker:
+            view.reports[sig.rank] = sig.committed
     elif isinstance(sig, Crashed):
         view.crashes.append(sig)
     elif isinstance(sig, Done):
@@ -222,6 +269,7 @@ def apply(view: ClusterView, action: Action) -> None:
             view.reforms[action.target + 1] = view.reforms.get(action.target + 1, 0) + (action.gen > 1)
         view.lost, view.reports, view.done = set(), {}, {}
         view.fenced, view.aborted = set(), False
+        view.migrating = None
         view.phase = "running"
     elif isinstance(action, StartSpares):
         view.starting += action.count
@@ -233,6 +281,9 @@ def apply(view: ClusterView, action: Action) -> None:
         view.fenced.update(action.ranks)
     elif isinstance(action, AbortGeneration):
         view.aborted = True
+    elif isinstance(action, Pause):
+        view.migrating = action
+        view.phase = "recovering"
     elif isinstance(action, Release):
         view.phase = "finished"
     elif isinstance(action, Stop):
@@ -246,6 +297,9 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
 
     if isinstance(sig, Tick):
         return _on_tick(view, sig)
+
+    if isinstance(sig, HealthVerdict):
+        return _on_health(view, sig)
 
     if isinstance(sig, Checkpointed):
         if view.stopping:
@@ -307,6 +361,45 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
     return Decision(tuple(actions), "; ".join(reasons) or "nothing to do")
 
 
+MIGRATE, FAILOVER, QUARANTINE, RETIRE = "migrate", "failover", "quarantine", "retire"
+
+
+def _on_health(view: ClusterView, v: HealthVerdict) -> Decision:
+    """Act on a health verdict: live-migrate a rank whose device still computes correctly,
+    fail over one whose memory is not trusted, and cordon the device either way."""
+    what = f"{v.device} ({v.rule}): {v.reason}"
+    if v.action not in (MIGRATE, FAILOVER, QUARANTINE, RETIRE):
+        return Decision((), f"{v.action}: {what}")
+    rank = v.rank if v.rank in view.members and v.rank not in view.lost else None
+    cordon = Cordon(v.device, v.reason)
+    if v.step is not None and rank is not None:
+        seen = view.health_failures.setdefault((rank, v.step), [])
+        if v.worker not in seen:
+            seen.append(v.worker)
+        if len(seen) >= 2:
+            msg = (f"rank {rank} failed the health check at step {v.step} on worker {seen[0]} and again on "
+                   f"replacement {seen[-1]} ({v.reason}). Faulty hardware does not follow a rank to a new "
+                   "device: this looks like a numerical problem in the script or its data (e.g. a NaN "
+                   "from this rank's batch), so hotspare stops instead of failing over forever.")
+            return Decision((Stop(1, msg),), f"step {v.step} of rank {rank} fails on every device")
+    if rank is None or view.phase not in ("running", "recovering"):
+        return Decision((cordon,), f"{v.action}: {what}; no rank runs there: cordoning the device")
+    if v.action == FAILOVER or not v.trust_memory:
+        if rank in view.fenced:
+            return Decision((), f"rank {rank} already being fenced: {what}")
+        reason = f"rank {rank} on {what}; its memory is not trusted: fencing it, state from a healthy replica"
+        return Decision((Fence((rank,), reason), cordon), reason)
+    if view.phase != "running" or view.migrating is not None:
+        return Decision((), f"{v.action} of rank {rank} deferred (job {view.phase}): {what}")
+    if not view.ready_spares:
+        return Decision((), f"rank {rank} should move off {v.device} but no warm spare is ready: "
+                            f"reported only; {v.reason}")
+    spare = view.ready_spares[0]
+    reason = (f"rank {rank} on {what}; live-migrating it to spare {spare} at the next step boundary "
+              "(its memory is still good)")
+    return Decision((Pause(view.generation, rank, spare, v.device, reason), cordon), reason)
+
+
 def _on_tick(view: ClusterView, tick: Tick) -> Decision:
     if view.phase == "running":
         active = tuple(a for a in tick.activity if a.rank not in view.fenced)
@@ -317,7 +410,10 @@ def _on_tick(view: ClusterView, tick: Tick) -> Decision:
             return Decision((AbortGeneration(view.generation, tuple(sorted(view.members))),), reason)
     elif view.phase == "recovering":
         silent = tuple(sorted(set(view.members) - view.lost - set(view.reports) - view.fenced))
-        if silent and not view.aborted and tick.recovering_for >= ABORT_GRACE_S:
+        # A live migration waits for the step in flight to end (up to the hang limit); a
+        # failure frees the blocked survivors at once.
+        grace = tick.limit if view.migrating is not None and not view.lost else ABORT_GRACE_S
+        if silent and not view.aborted and tick.recovering_for >= grace:
             reason = f"rank(s) {list(silent)} still in generation {view.generation}: aborting it"
             return Decision((AbortGeneration(view.generation, silent),), reason)
         # Fence the silent only while a reported survivor still holds the state: fencing every
@@ -366,6 +462,21 @@ def _recover(view: ClusterView) -> Decision:
     waiting = sorted(survivors - set(view.reports))
     if waiting:
         return Decision((), f"waiting for ranks {waiting} to report their committed step")
+    fencing = sorted(view.fenced - view.lost)
+    if fencing:      # their state is not trusted (or they hung): never a source; wait for the exit
+        return Decision((), f"waiting for fenced rank(s) {fencing} to exit")
+    m = view.migrating
+    if m is not None and not view.lost and m.spare in view.ready_spares:
+        steps = set(view.reports.values())
+        if len(steps) == 1:
+            target = steps.pop()
+            members = {**view.members, m.rank: m.spare}
+            form = FormGeneration(view.generation + 1, dict(sorted(members.items())), target, m.rank, (),
+                                  {m.rank: m.spare}, handoff_from=view.members[m.rank])
+            refill = _can_start(view, view.target_spares - (len(view.ready_spares) - 1) - view.starting)
+            reason = (f"all ranks paused after step {target}: rank {m.rank} hands its state to spare "
+                      f"{m.spare} directly; generation {view.generation + 1}")
+            return Decision((form, StartSpares(refill)) if refill else (form,), reason)
     step = max(view.reports.values(), default=-1) + 1
     if not view.lost and view.reforms.get(step, 0) >= 2:
         return Decision((Stop(1, f"collectives keep failing at step {step} although no worker died "

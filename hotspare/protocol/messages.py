@@ -38,6 +38,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "crash": {"gen": _INT, "rank": _INT, "step": _INT, "error": _STR, "traceback": _STR},
     "joined": {"gen": _INT, "rank": _INT, "timings": _DICT, "bytes": _INT},
     "done": {"gen": _INT, "rank": _INT, "step": _INT, "digest": _STR},
+    "paused": {"gen": _INT, "rank": _INT, "committed": _INT},
+    "handed_off": {"gen": _INT, "rank": _INT, "bytes": _INT, "seconds": _NUM},
     # agent -> worker
     "generation": {"gen": _INT, "rank": _INT, "world": _INT, "prefix": _STR,
                    "target": _INT, "source": _INT, "receivers": _LIST},
@@ -45,6 +47,9 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "release": {"reason": _STR},
     "exit_now": {"code": _INT},
     "checkpoint_now": {"directory": _STR},
+    "fault": {"kind": _STR, "params": _DICT},
+    "pause": {"gen": _INT, "reason": _STR},
+    "handoff": {"gen": _INT, "rank": _INT, "handoff": _STR},
 }
 
 

@@ -46,6 +46,15 @@ def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against rea
         fut: torch.futures.Future = torch.futures.Future()
         fut.set_result(buf)
         return fut.then(_aborted(job.generation))
+    try:
+        fault = job._inspect_bucket(buf, bucket.is_last())   # NaN check; the last bucket votes
+    except Exception as e:
+        job._note_comm_error(e)
+        fault = e
+    if fault is not None:        # every rank reached the same verdict: all fail this step alike
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut.then(_raise(fault))
     # Same arithmetic as DDP's built-in reduction (multiply by 1/world while copying), so the
     # result is bitwise equal to plain DDP's with the same layout.
     buf.mul_(1.0 / job.world_size)
@@ -62,8 +71,12 @@ def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against rea
 
 
 def _aborted(gen: int):
+    return _raise(PeerFailure(f"generation {gen} was aborted"))
+
+
+def _raise(error: BaseException):
     def fail(_f: torch.futures.Future) -> torch.Tensor:
-        raise PeerFailure(f"generation {gen} was aborted")
+        raise error
     return fail
 
 

@@ -45,12 +45,14 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
 from hotspare.runtime.persist import Persister
 from hotspare.runtime.state import StateRegistry
+from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, row, tally
 from hotspare.transfer import broadcast_state
 
 ENV_AGENT = "HOTSPARE_AGENT"          # host:port of the node agent; its presence means "managed"
 ENV_WORKER = "HOTSPARE_WORKER_ID"
 ENV_ROLE = "HOTSPARE_ROLE"            # "active" or "spare"
 ENV_JOIN_TIMEOUT = "HOTSPARE_JOIN_TIMEOUT"   # seconds to form a generation's group
+ENV_FINGERPRINT_EVERY = "HOTSPARE_FINGERPRINT_EVERY"   # steps between parameter votes (0: off)
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
 _COMM_MARKERS = ("gloo/transport", "nccl", "connection reset", "connection closed",
@@ -103,6 +105,17 @@ class Job:
         self._reducing_step: int | None = None
         self._aborted_upto = 0               # newest generation the coordinator aborted
         self._persist = Persister(self.registry)
+        # In-process health signals (see runtime/vote.py).
+        self.fingerprint_every = int(os.environ.get(ENV_FINGERPRINT_EVERY, "1"))
+        self._params: list[torch.Tensor] | None = None
+        self._nonfinite = False
+        self._health: VoteResult | None = None   # this step's failed vote
+        self._exchange_t: float | None = None    # when this step reached the gradient exchange
+        self._pause_gen = -1                     # a live migration asked this generation to pause
+        self._pause_at: int | None = None        # ... after this step (agreed by the vote)
+        self._faults: "queue.Queue[dict[str, Any]]" = queue.Queue()   # injected worker faults
+        self._slow = 1.0
+        self._nan_pending = False
 
     # ------------------------------------------------------------------ set-up
     def _init(self) -> None:
@@ -189,6 +202,9 @@ class Job:
                 if self._finish():
                     return
                 continue
+            if self._pause_at is not None and self.committed >= self._pause_at:
+                self._pause()
+                continue
             yield Step(self, step)
 
     def _plain_steps(self, total: int) -> Iterator[Step]:
@@ -206,6 +222,9 @@ class Job:
     def _enter_step(self, step: int) -> None:
         self._current = step
         self._comm_error = None
+        self._nonfinite, self._health, self._exchange_t = False, None, None
+        while not self._faults.empty():
+            self._apply_fault(self._faults.get())
         self._step_t0 = time.perf_counter()
         if self.managed:
             self._channel.send(make("step", gen=self.generation, rank=self.rank, step=step, total=self._total))
@@ -218,11 +237,14 @@ class Job:
         self._current = None
         if ev is None:
             self.committed = self._applied = step
-            dt = time.perf_counter() - self._step_t0
+            now = time.perf_counter()
+            dt = now - self._step_t0
             self.step_times.append(dt)
             if self.managed:
+                exch = self._exchange_t if self._exchange_t is not None else now
                 self._channel.send(make("commit", gen=self.generation, rank=self.rank, step=step,
-                                        dt=dt, metrics=self._metrics))
+                                        dt=dt, metrics=self._metrics, compute=exch - self._step_t0,
+                                        comm=now - exch))
                 if self.rank == 0:
                     self._report_checkpoint(self._persist.after_commit(step))
             elif self.rank == 0 and self._metrics:
@@ -233,6 +255,11 @@ class Job:
             return False
         if not self.managed or not isinstance(ev, Exception):
             return False
+        if self._health is not None:
+            # The vote failed on every rank alike, before any optimizer stepped: nobody is
+            # blocked, the step is simply not committed; the suspect is replaced.
+            self._failure = f"health vote: {self._health.detail}"
+            return True
         if self._is_peer_failure(ev):
             # The optimizer may have stepped before a later collective of the block failed.
             self.committed = max(self.committed, self._applied)
@@ -267,9 +294,55 @@ class Job:
         """Called by the comm hook on each bucket: tell the agent once per step that this rank
         reached the gradient exchange (the hang detector tells the stuck rank from the waiting)."""
         step = self._current
+        if self._exchange_t is None and step is not None:
+            if self._slow > 1.0:     # injected `slow`: this worker really computes F times slower
+                time.sleep((self._slow - 1.0) * (time.perf_counter() - self._step_t0))
+            self._exchange_t = time.perf_counter()
         if step is not None and step != self._reducing_step and self._channel is not None:
             self._reducing_step = step
             self._channel.send(make("reducing", gen=self.generation, rank=self.rank, step=step))
+
+    def _inspect_bucket(self, buf: torch.Tensor, last: bool) -> HealthFault | None:
+        """Per gradient bucket, before it is reduced: note NaN/Inf; on the last bucket, vote."""
+        if self._nan_pending:        # injected `nan`: this rank's gradients of this step break
+            self._nan_pending = False
+            buf.view(-1)[0] = float("nan")
+        if not self._nonfinite and not math.isfinite(float(buf.sum())):
+            self._nonfinite = True
+        if not last or self._current is None:
+            return None
+        step = self._current
+        with_fp = self.fingerprint_every > 0 and step % self.fingerprint_every == 0
+        if self._params is None:
+            self._params = [p for ddp in self._ddps for p in ddp.module.parameters()]
+        fp = fingerprint(self._params) if with_fp else 0
+        table = row(self.world_size, self.rank, fp, self._nonfinite, self._pause_gen == self.generation)
+        if self.world_size > 1:
+            dist.all_reduce(table)
+        result = tally(table, step, with_fp)
+        if result.failed:
+            self._health = result
+            return HealthFault(result)
+        if result.pause:
+            self._pause_at = step
+        return None
+
+    def _apply_fault(self, fault: dict[str, Any]) -> None:
+        """An injected worker fault (hotspare run --inject), carried out for real."""
+        kind = fault["kind"]
+        if kind == "slow":
+            self._slow = float(fault["params"]["factor"])
+        elif kind == "nan":
+            self._nan_pending = True
+        elif kind == "corrupt":
+            # Flip the lowest mantissa bit of one parameter value: silent, tiny, and real.
+            params = [p for ddp in self._ddps for p in ddp.module.parameters()] or \
+                [t for _, t in self.registry.snapshot().tensors if t.is_floating_point()]
+            target = max(params, key=lambda p: p.numel())
+            with torch.no_grad():
+                target.detach().view(-1).view(torch.int32)[0] ^= 1
+        print(f"hotspare: rank {self.rank}: injected {kind} {fault.get('params') or ''}".rstrip(),
+              file=sys.stderr, flush=True)
 
     def _note_comm_error(self, e: BaseException) -> None:
         self._comm_error = f"{type(e).__name__}: {str(e)[:300]}"
@@ -285,11 +358,16 @@ class Job:
     def _recover(self) -> None:
         from hotspare.runtime.ddp import reset_after_failure
         reason, self._failure = self._failure, None
+        health, self._health, self._pause_at = self._health, None, None
         self._teardown()
         for ddp in self._ddps:
             reset_after_failure(ddp)
+        extra = {}
+        if health is not None:
+            extra["health"] = {"kind": health.kind, "suspects": list(health.suspects),
+                               "step": self.committed + 1, "detail": health.detail}
         self._channel.send(make("failed", gen=self.generation, rank=self.rank,
-                                committed=self.committed, error=reason or ""))
+                                committed=self.committed, error=reason or "", **extra))
         msg = self._await_generation()
         if msg is None:
             raise JobFailed("the coordinator stopped the job during recovery (see the launcher's output)")
@@ -298,6 +376,8 @@ class Job:
     def _join_until_ok(self, msg: dict[str, Any]) -> None:
         """Join a generation; if a peer fails meanwhile, report it and join the next one."""
         while True:
+            if msg["type"] == "handoff":
+                self._handoff(msg)           # never returns: this worker's part is over
             try:
                 self._join(msg)
                 return
@@ -317,15 +397,20 @@ class Job:
         self.generation, self.rank, self.world_size = msg["gen"], msg["rank"], msg["world"]
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
         self._channel.send(make("joining", gen=self.generation, rank=self.rank))
+        join_timeout = float(msg.get("join_timeout") or os.environ.get(ENV_JOIN_TIMEOUT, 5.0))
+        handoff_bytes, handoff_s = (self._receive_handoff(msg, join_timeout) if msg.get("handoff")
+                                    else (0, 0.0))
+        t0 = time.perf_counter()
         self._group = GenerationGroup(self._store, msg["gen"], msg["rank"], msg["world"], msg["prefix"],
-                                      join_timeout_s=float(os.environ.get(ENV_JOIN_TIMEOUT, 5.0)))
+                                      join_timeout_s=join_timeout)
         if self._group.gen <= self._aborted_upto:
             self._group.abort()
         self._group.connect()            # published first, so an abort can interrupt the rendezvous
         rebuild_s = time.perf_counter() - t0
-        nbytes, transfer_s = 0, 0.0
+        nbytes, transfer_s = handoff_bytes, handoff_s
         if self.registry:
-            nbytes, transfer_s = self._sync_state(msg)
+            nb, ts = self._sync_state(msg)
+            nbytes, transfer_s = nbytes + nb, transfer_s + ts
         else:
             self._pending_sync = msg        # initial sync once the script has tracked its state
         self._channel.send(make("joined", gen=self.generation, rank=self.rank, bytes=nbytes,
@@ -383,6 +468,61 @@ class Job:
             raise StateMismatch("malformed state manifest from the source rank")
         return manifest
 
+    # ------------------------------------------------------------------ live migration
+    def _pause(self) -> None:
+        """Leave the generation after the agreed step; wait to rejoin, or hand our state over."""
+        self._pause_at = None
+        self._teardown()
+        self._channel.send(make("paused", gen=self.generation, rank=self.rank, committed=self.committed))
+        msg = self._await_generation()
+        if msg is None:
+            raise JobFailed("the coordinator stopped the job during a live migration")
+        self._join_until_ok(msg)
+
+    def _pair(self, msg: dict[str, Any], rank: int, join_timeout: float) -> GenerationGroup:
+        self._teardown()
+        self._group = GenerationGroup(self._store, msg["gen"], rank, 2, msg["handoff"],
+                                      join_timeout_s=join_timeout)
+        if self._group.gen <= self._aborted_upto:
+            self._group.abort()
+        self._group.connect()
+        return self._group
+
+    def _handoff(self, msg: dict[str, Any]) -> None:
+        """The migrating rank sends its own state to the spare taking its place, then exits."""
+        code = 0
+        try:
+            group = self._pair(msg, 0, float(msg.get("join_timeout") or 30.0))
+            self._channel.send(make("transfer", gen=msg["gen"], rank=self.rank, role="source"))
+            snap = self.registry.snapshot()
+            group.store.set("state/handoff", json.dumps(snap.manifest(self.committed)))
+            stats = broadcast_state([t.detach() for _, t in snap.tensors], 0, None, is_source=True,
+                                    receivers=[1])
+            self._channel.send(make("handed_off", gen=msg["gen"], rank=self.rank, bytes=stats.bytes,
+                                    seconds=stats.seconds))
+        except Exception as e:   # the spare died: the new generation recovers from a replica
+            print(f"hotspare: rank {self.rank}: handoff failed: {e}", file=sys.stderr, flush=True)
+            code = 1
+        self._teardown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    def _receive_handoff(self, msg: dict[str, Any], join_timeout: float) -> tuple[int, float]:
+        """The spare's half of a live migration: receive the old worker's state directly."""
+        group = self._pair(msg, 1, join_timeout)
+        self._channel.send(make("transfer", gen=msg["gen"], rank=msg["rank"], role="receiver"))
+        manifest = json.loads(group.store.get("state/handoff"))
+        if not isinstance(manifest, dict) or not {"step", "entries", "trees"} <= set(manifest):
+            raise StateMismatch("malformed state manifest from the migrating rank")
+        dsts, needs_load = self.registry.prepare_receive(manifest)
+        stats = broadcast_state(dsts, 0, None, is_source=False, receivers=[1])
+        with torch.no_grad():
+            self.registry.finish_receive(manifest, dsts, needs_load)
+        self.committed = self._applied = manifest["step"]
+        self._teardown()
+        return stats.bytes, stats.seconds
+
     def _teardown(self) -> None:
         if self._group is not None:
             self._group.destroy()
@@ -413,6 +553,10 @@ class Job:
                         group.abort()
                 elif msg["type"] == "exit_now":       # injected fault: an abrupt exit
                     os._exit(msg["code"])
+                elif msg["type"] == "fault":          # injected fault the worker does to itself
+                    self._faults.put(msg)
+                elif msg["type"] == "pause":          # live migration: stop after the next step
+                    self._pause_gen = msg["gen"]
                 else:
                     self._inbox.put(msg)
         except (OSError, ProtocolError) as e:
