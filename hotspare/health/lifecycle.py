@@ -126,11 +126,16 @@ def allowed_from(state: str | State) -> tuple[Move, ...]:
     return tuple(m for m in TABLE if m.src is src)
 
 
+def _who(actors: frozenset[str]) -> str:
+    names = [k for k in ACTOR_KINDS if k in actors]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
 def _describe_allowed(src: State) -> str:
     moves = allowed_from(src)
     if not moves:
         return f"{src} is terminal: nothing may leave it"
-    parts = [f"{m.dst} (by {' or '.join(k for k in ACTOR_KINDS if k in m.actors)})" for m in moves]
+    parts = [f"{m.dst} (by {_who(m.actors)})" for m in moves]
     return f"from {src} the allowed moves are: " + ", ".join(parts)
 
 
@@ -172,8 +177,7 @@ def transition(src: str | State, dst: str | State, *, actor: str, reason: str, t
     if move is None:
         raise InvalidTransition(f"{asked}: not in the lifecycle table; {_describe_allowed(src)}")
     if kind not in move.actors:
-        who = " or ".join(k for k in ACTOR_KINDS if k in move.actors)
-        raise InvalidTransition(f"{asked}: only {who} may make this move ({move.meaning}); "
+        raise InvalidTransition(f"{asked}: only {_who(move.actors)} may make this move ({move.meaning}); "
                                 f"{_describe_allowed(src)}")
     if (src, dst) == (State.QUARANTINED, State.HEALTHY) and passes < passes_required:
         raise InvalidTransition(f"{asked}: it has passed diagnostics {passes} time(s) in a row, "

@@ -1,0 +1,519 @@
+"""The persisted device registry: one JSON file that the coordinator and ``hotspare`` CLI calls share.
+
+Where: ``Registry(path)``; ``path=None`` means ``$HOTSPARE_HEALTH_DB`` or ``~/.hotspare/health.json``.
+
+Per device it holds the lifecycle state (``lifecycle.State``) with the reason, the actor and the
+time it entered it, the transition history (the newest ``HISTORY_KEEP``), the last reading of each
+telemetry source, the diagnostics passes in a row since quarantine, remediation timestamps (for the
+repeat-offender rule), and the rank/job on the device.
+
+Safety: every write takes an exclusive ``fcntl`` lock on ``<path>.lock``, re-reads the file, applies
+the change, writes a temporary file in the same directory, fsyncs it and ``os.replace``s it over the
+old one, so concurrent writers (the coordinator, CLI calls) never lose each other's updates and a
+reader (which takes no lock) sees either the old file or the new one, never a half-written one. A
+file that is not valid registry JSON, or that a newer hotspare wrote, raises ``RegistryError``; it is
+never reset silently.
+
+Change detection: the file carries a ``revision`` that every write increments, and each device
+record the revision of its last change, so a poller asks ``changed_since(last_revision)``. Reads are
+cached on the file's (inode, mtime, size), so polling an unchanged registry costs one ``stat``.
+
+Slurm: ``Registry(path, slurm="auto"|"on"|SlurmNodes(...))`` drains a node in Slurm while any of
+its devices is out of service and resumes it after (see ``hotspare.health.slurm``). What Slurm said
+is in ``registry.slurm_notes`` after each call.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import difflib
+import fcntl
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from hotspare.errors import ConfigError, HotspareError, InvalidTransition
+from hotspare.health import lifecycle
+from hotspare.health.lifecycle import IN_SERVICE, OUT_OF_SERVICE, State, Transition
+from hotspare.health.slurm import SlurmNodes, node_reason
+from hotspare.health.types import Reading, node_of
+
+ENV_PATH = "HOTSPARE_HEALTH_DB"
+DEFAULT_PATH = "~/.hotspare/health.json"
+FORMAT = "hotspare-health-registry"
+SCHEMA = 1
+HISTORY_KEEP = 200          # transitions kept per device
+REMEDIATIONS_KEEP = 100     # remediation timestamps kept per device
+
+_DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z]+[0-9]+$")
+# How far along the way out of service a state is, for the idempotent convenience methods.
+_DEPTH = {State.HEALTHY: 0, State.SUSPECT: 0, State.CORDONED: 1, State.DRAINING: 2,
+          State.QUARANTINED: 3, State.RETIRED: 4}
+
+
+class RegistryError(HotspareError):
+    """The registry file cannot be used as it is (corrupt, unknown schema, unreadable)."""
+
+
+class UnknownDevice(ConfigError):
+    """A device name the registry does not hold."""
+
+
+def default_path() -> Path:
+    return Path(os.environ.get(ENV_PATH) or DEFAULT_PATH).expanduser()
+
+
+def check_device_name(device: str) -> str:
+    if not isinstance(device, str) or not _DEVICE_RE.match(device):
+        raise ConfigError(f"device name {device!r} must look like NODE/KINDINDEX, e.g. 'host1/gpu0' "
+                          f"(NODE is the host name Slurm knows, KIND letters, INDEX digits)")
+    return device
+
+
+@dataclasses.dataclass(frozen=True)
+class LastReading:
+    source: str
+    time: float
+    metrics: Mapping[str, Any]
+    rank: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRecord:
+    device: str
+    node: str
+    state: State
+    reason: str
+    since: float                      # when it entered ``state``
+    actor: str                        # who moved it there
+    history: tuple[Transition, ...]   # oldest first
+    readings: Mapping[str, LastReading]   # the last reading per source
+    diagnostics_passes: int           # in a row, since it entered quarantine
+    remediations: tuple[float, ...]   # times a rule took it out of service (or record_remediation)
+    rank: int | None
+    job: str | None
+    revision: int                     # registry revision of the last change to this record
+
+    @property
+    def last_reading(self) -> LastReading | None:
+        return max(self.readings.values(), key=lambda r: r.time, default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        return _record_to_json(self)
+
+
+def _new_record(device: str, state: State, reason: str, actor: str, now: float) -> dict[str, Any]:
+    return {"node": node_of(device), "state": state.value, "reason": reason, "since": now,
+            "actor": actor, "history": [], "readings": {}, "diagnostics_passes": 0,
+            "remediations": [], "rank": None, "job": None, "revision": 0}
+
+
+def _metrics_from_json(m: Mapping[str, Any]) -> dict[str, Any]:
+    # JSON has no tuples; metric values that are sequences (e.g. xids) are tuples in types.Reading.
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in m.items()}
+
+
+def _record_from_json(device: str, d: Mapping[str, Any]) -> DeviceRecord:
+    return DeviceRecord(
+        device=device, node=str(d["node"]), state=State(d["state"]), reason=str(d["reason"]),
+        since=float(d["since"]), actor=str(d["actor"]),
+        history=tuple(Transition.from_json(t) for t in d["history"]),
+        readings={src: LastReading(src, float(r["time"]), _metrics_from_json(r["metrics"]), r.get("rank"))
+                  for src, r in d["readings"].items()},
+        diagnostics_passes=int(d["diagnostics_passes"]),
+        remediations=tuple(float(t) for t in d["remediations"]),
+        rank=d["rank"], job=d["job"], revision=int(d["revision"]))
+
+
+def _record_to_json(r: DeviceRecord) -> dict[str, Any]:
+    return {"device": r.device, "node": r.node, "state": r.state.value, "reason": r.reason,
+            "since": r.since, "actor": r.actor, "history": [t.to_json() for t in r.history],
+            "readings": {s: {"time": x.time, "metrics": dict(x.metrics), "rank": x.rank}
+                         for s, x in r.readings.items()},
+            "diagnostics_passes": r.diagnostics_passes, "remediations": list(r.remediations),
+            "rank": r.rank, "job": r.job, "revision": r.revision}
+
+
+def _empty() -> dict[str, Any]:
+    return {"format": FORMAT, "schema": SCHEMA, "revision": 0, "devices": {}}
+
+
+class Registry:
+    """The device registry in one JSON file. Safe to use from several processes at once."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *,
+                 slurm: "str | SlurmNodes | None" = None,
+                 passes_required: int = lifecycle.DEFAULT_PASSES_REQUIRED,
+                 clock: Callable[[], float] = time.time):
+        if passes_required < 1:
+            raise ConfigError(f"passes_required must be at least 1, got {passes_required}")
+        self.path = Path(path).expanduser() if path is not None else default_path()
+        self.slurm = SlurmNodes.from_mode(slurm)
+        self.passes_required = passes_required
+        self.clock = clock
+        self.slurm_notes: list[str] = []     # what the Slurm sync did during the last call
+        self._cache: tuple[str, dict[str, Any]] | None = None
+
+    def __repr__(self) -> str:
+        return f"Registry({str(self.path)!r}, slurm={self.slurm!r})"
+
+    # --- reading -------------------------------------------------------------------------------
+    def _parse(self, text: str) -> dict[str, Any]:
+        fix = ("hotspare never resets it on its own: restore it from a backup, or move it away "
+               "to start an empty registry")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RegistryError(f"health registry {self.path} is not valid JSON ({e}); {fix}") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise RegistryError(f"{self.path} is not a hotspare health registry (no "
+                                f"\"format\": \"{FORMAT}\"); {fix}")
+        schema = data.get("schema")
+        if not isinstance(schema, int) or schema < 1:
+            raise RegistryError(f"health registry {self.path} has an invalid schema {schema!r}; {fix}")
+        if schema > SCHEMA:
+            raise RegistryError(f"health registry {self.path} has schema {schema}, written by a newer "
+                                f"hotspare; this one reads schema {SCHEMA}: upgrade hotspare")
+        try:
+            int(data["revision"])
+            for device, d in data["devices"].items():
+                _record_from_json(device, d)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RegistryError(f"health registry {self.path} has a malformed entry "
+                                f"({type(e).__name__}: {e}); {fix}") from None
+        return data
+
+    def _read(self) -> dict[str, Any]:
+        """The file's content, parsed again only when its text changed. Do not mutate it."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return _empty()
+        except (OSError, UnicodeDecodeError) as e:
+            raise RegistryError(f"cannot read health registry {self.path}: {e}") from None
+        if self._cache is not None and self._cache[0] == text:
+            return self._cache[1]
+        data = self._parse(text)
+        self._cache = (text, data)
+        return data
+
+    def revision(self) -> int:
+        return int(self._read()["revision"])
+
+    def devices(self) -> list[DeviceRecord]:
+        """Every device, sorted by name."""
+        devices = self._read()["devices"]
+        return [_record_from_json(name, devices[name]) for name in sorted(devices)]
+
+    def find(self, device: str) -> DeviceRecord | None:
+        d = self._read()["devices"].get(check_device_name(device))
+        return None if d is None else _record_from_json(device, d)
+
+    def get(self, device: str) -> DeviceRecord:
+        record = self.find(device)
+        if record is None:
+            raise self._unknown(device, self._read())
+        return record
+
+    def changed_since(self, revision: int) -> tuple[int, list[DeviceRecord]]:
+        """``(current revision, records changed after `revision`)``; poll with the returned revision."""
+        data = self._read()
+        changed = [_record_from_json(n, d) for n, d in sorted(data["devices"].items())
+                   if int(d["revision"]) > revision]
+        return int(data["revision"]), changed
+
+    def _unknown(self, device: str, data: Mapping[str, Any]) -> UnknownDevice:
+        known = sorted(data["devices"])
+        close = difflib.get_close_matches(device, known, n=3)
+        hint = (f"did you mean {', '.join(close)}?" if close else
+                f"known devices: {', '.join(known[:10])}{' ...' if len(known) > 10 else ''}" if known else
+                "the registry is empty")
+        return UnknownDevice(f"no device {device!r} in the health registry {self.path}; {hint} "
+                             f"(devices appear once the coordinator, a telemetry source or a check "
+                             f"registers them)")
+
+    # --- writing -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        """Exclusive lock; yields a fresh copy of the file to mutate; writes it back atomically.
+
+        Nothing is written when the body leaves the data unchanged or raises.
+        """
+        self.slurm_notes = []
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path.with_name(self.path.name + ".lock"), "a")
+        except OSError as e:
+            raise RegistryError(f"cannot open the lock of health registry {self.path}: {e}") from None
+        with lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            before = self._read()
+            data = copy.deepcopy(before)
+            yield data
+            if data != before:
+                self._write(data)
+
+    def _write(self, data: dict[str, Any]) -> None:
+        text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+        try:
+            mode = self.path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o644
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        with contextlib.suppress(OSError):      # make the rename itself durable
+            dfd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        self._cache = (text, data)
+
+    @contextlib.contextmanager
+    def _update(self, sync: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
+        """``_locked`` plus the bookkeeping: when the body changed anything, the file revision goes
+        up by one and every changed record is stamped with it; then every node whose set of
+        out-of-service devices changed (and the nodes of the ``sync`` devices) is synced to Slurm.
+
+        Slurm is told before the file is written, still under the lock: with a strict ``SlurmNodes``
+        a failing scontrol leaves the registry unchanged; otherwise the failure becomes a warning in
+        ``slurm_notes`` and the change is written.
+        """
+        with self._locked() as data:
+            old = copy.deepcopy(data["devices"])
+            yield data
+            devices = data["devices"]
+            changed = [n for n, d in devices.items() if old.get(n) != d]
+            if changed or set(old) - set(devices):
+                data["revision"] = int(data["revision"]) + 1
+                for n in changed:
+                    devices[n]["revision"] = data["revision"]
+            if self.slurm is None:
+                return
+            forced = {node_of(d) for d in sync}
+            for node in sorted({d["node"] for d in (*old.values(), *devices.values())} | forced):
+                want = _node_out(devices, node)
+                if node in forced or want != _node_out(old, node):
+                    note = self.slurm.sync(node, node_reason(want))
+                    if note:
+                        self.slurm_notes.append(note)
+
+    def _rec(self, data: dict[str, Any], device: str) -> dict[str, Any]:
+        rec = data["devices"].get(check_device_name(device))
+        if rec is None:
+            raise self._unknown(device, data)
+        return rec
+
+    def _move(self, data: dict[str, Any], device: str, to: State | str, reason: str, actor: str) -> None:
+        rec = self._rec(data, device)
+        src = State(rec["state"])
+        t = lifecycle.transition(src, to, actor=actor, reason=reason, time=self.clock(), device=device,
+                                 passes=int(rec["diagnostics_passes"]),
+                                 passes_required=self.passes_required)
+        rec.update(state=t.dst.value, reason=t.reason, since=t.time, actor=t.actor)
+        rec["history"] = (rec["history"] + [t.to_json()])[-HISTORY_KEEP:]
+        if t.dst is State.QUARANTINED or t.dst in IN_SERVICE:
+            rec["diagnostics_passes"] = 0
+        if src in IN_SERVICE and t.dst in OUT_OF_SERVICE and lifecycle.actor_kind(actor) == lifecycle.RULE:
+            rec["remediations"] = (rec["remediations"] + [t.time])[-REMEDIATIONS_KEEP:]
+
+    def ensure(self, device: str, *, state: State | str = State.HEALTHY,
+               reason: str = "registered", actor: str = "operator") -> DeviceRecord:
+        """The device's record, created in ``state`` (default healthy) if it is new.
+
+        An existing record is returned unchanged, whatever ``state`` says. A check that must admit
+        new devices first can create them as ``quarantined``.
+        """
+        check_device_name(device)
+        state = lifecycle.parse_state(state)
+        lifecycle.actor_kind(actor)
+        with self._update() as data:
+            if device not in data["devices"]:
+                data["devices"][device] = _new_record(device, state, reason, actor, self.clock())
+        return self.get(device)
+
+    def forget(self, device: str) -> None:
+        """Drop a device's record (e.g. after its hardware was replaced: the new part starts fresh)."""
+        with self._update() as data:
+            self._rec(data, device)
+            del data["devices"][device]
+
+    def transition(self, device: str, to: State | str, *, reason: str, actor: str) -> DeviceRecord:
+        """One move of the lifecycle table; ``InvalidTransition`` if the table does not allow it."""
+        with self._update() as data:
+            self._move(data, device, lifecycle.parse_state(to), reason, actor)
+        return self.get(device)
+
+    # --- convenience: idempotent walks along the table ------------------------------------------
+    def cordon(self, device: str, reason: str, actor: str = "operator") -> DeviceRecord:
+        """No new work. A device already cordoned, draining, quarantined or retired is left as is."""
+        return self._out(device, State.CORDONED, reason, actor, {})
+
+    def drain(self, device: str, reason: str, actor: str = "operator") -> DeviceRecord:
+        """Cordon (if needed) and mark its work to be moved off. No-op from draining on."""
+        H, S, C, D = State.HEALTHY, State.SUSPECT, State.CORDONED, State.DRAINING
+        return self._out(device, D, reason, actor, {H: (C, D), S: (C, D), C: (D,)})
+
+    def quarantine(self, device: str, reason: str, actor: str = "operator") -> DeviceRecord:
+        """Walk to quarantined (cordoned, draining, quarantined). Refused while a rank is on it:
+        drain it and move the rank off first (``assign(device, None)``). No-op if quarantined/retired."""
+        H, S, C, D, Q = State.HEALTHY, State.SUSPECT, State.CORDONED, State.DRAINING, State.QUARANTINED
+        return self._out(device, Q, reason, actor, {H: (C, D, Q), S: (C, D, Q), C: (D, Q), D: (Q,)},
+                         need_idle=True)
+
+    def retire(self, device: str, reason: str, actor: str = "operator") -> DeviceRecord:
+        """Out of service for good. No-op if already retired."""
+        return self._out(device, State.RETIRED, reason, actor, {})
+
+    def _out(self, device: str, target: State, reason: str, actor: str,
+             path: Mapping[State, Iterable[State]], need_idle: bool = False) -> DeviceRecord:
+        lifecycle.actor_kind(actor)
+        with self._update(sync=[device]) as data:
+            rec = self._rec(data, device)
+            state = State(rec["state"])
+            if _DEPTH[state] < _DEPTH[target]:
+                if need_idle and rec["rank"] is not None:
+                    raise InvalidTransition(
+                        f"cannot move {device} from {state} to {target}: rank {rec['rank']} of job "
+                        f"{rec['job']} still runs on it; drain it, move the rank off and release it "
+                        f"(assign(device, None)) first")
+                for step in path.get(state, (target,)):
+                    self._move(data, device, step, reason, actor)
+        return self.get(device)
+
+    def uncordon(self, device: str, reason: str = "uncordoned by operator",
+                 actor: str = "operator") -> DeviceRecord:
+        """Back to service: cordoned -> healthy; draining -> cordoned -> healthy (cancels the drain);
+        suspect -> healthy. No-op if healthy. Quarantined devices return only through diagnostics."""
+        H, S, C, D = State.HEALTHY, State.SUSPECT, State.CORDONED, State.DRAINING
+        with self._update(sync=[device]) as data:
+            rec = self._rec(data, device)
+            for step in {H: (), S: (H,), C: (H,), D: (C, H)}.get(State(rec["state"]), (H,)):
+                self._move(data, device, step, reason, actor)
+        return self.get(device)
+
+    # --- diagnostics ---------------------------------------------------------------------------
+    def diagnostics_passed(self, device: str, detail: str = "diagnostics passed") -> DeviceRecord:
+        """Count one pass; after ``passes_required`` in a row, quarantined -> healthy."""
+        with self._update() as data:
+            rec = self._rec(data, device)
+            if rec["state"] != State.QUARANTINED.value:
+                raise InvalidTransition(f"{device} is {rec['state']}, not quarantined: diagnostics "
+                                        f"passes count only in quarantine")
+            rec["diagnostics_passes"] = int(rec["diagnostics_passes"]) + 1
+            if rec["diagnostics_passes"] >= self.passes_required:
+                self._move(data, device, State.HEALTHY,
+                           f"{detail} ({rec['diagnostics_passes']}/{self.passes_required} in a row)",
+                           "diagnostics")
+        return self.get(device)
+
+    def diagnostics_failed(self, device: str, detail: str) -> DeviceRecord:
+        """Reset the passes in a row to 0; the device stays quarantined (retire it if it keeps failing)."""
+        with self._update() as data:
+            rec = self._rec(data, device)
+            if rec["state"] != State.QUARANTINED.value:
+                raise InvalidTransition(f"{device} is {rec['state']}, not quarantined: diagnostics "
+                                        f"results count only in quarantine")
+            rec["diagnostics_passes"] = 0
+            rec["reason"] = f"diagnostics failed: {detail}"
+        return self.get(device)
+
+    # --- readings, assignment, remediations ------------------------------------------------------
+    def record_readings(self, readings: Iterable[Reading]) -> None:
+        """Store each reading as its device's last reading from that source, in one write.
+        Devices not yet known are registered (healthy): telemetry discovers them."""
+        readings = list(readings)
+        for r in readings:
+            check_device_name(r.device)
+        now = self.clock()
+        with self._update() as data:
+            for r in readings:
+                if r.device not in data["devices"]:
+                    data["devices"][r.device] = _new_record(r.device, State.HEALTHY,
+                                                            f"first seen by {r.source}",
+                                                            f"source:{r.source}", now)
+                rec = data["devices"][r.device]
+                rec["readings"][r.source] = {"time": float(r.time), "metrics": _storable(r),
+                                             "rank": r.rank}
+
+    def record_reading(self, reading: Reading) -> DeviceRecord:
+        self.record_readings([reading])
+        return self.get(reading.device)
+
+    def assign(self, device: str, rank: int | None, job: str | None = None) -> DeviceRecord:
+        """Record which rank of which job runs on the device; ``rank=None`` releases it."""
+        if rank is not None and (not isinstance(rank, int) or rank < 0):
+            raise ConfigError(f"rank must be a non-negative int or None, got {rank!r}")
+        with self._update() as data:
+            rec = self._rec(data, device)
+            rec["rank"], rec["job"] = rank, (None if rank is None else job)
+        return self.get(device)
+
+    def release(self, device: str) -> DeviceRecord:
+        return self.assign(device, None)
+
+    def record_remediation(self, device: str, when: float | None = None) -> DeviceRecord:
+        """Count a remediation that was not a rule-driven cordon (those are counted already)."""
+        with self._update() as data:
+            rec = self._rec(data, device)
+            t = self.clock() if when is None else float(when)
+            rec["remediations"] = (rec["remediations"] + [t])[-REMEDIATIONS_KEEP:]
+        return self.get(device)
+
+    # --- Slurm ---------------------------------------------------------------------------------
+    def sync_slurm(self, nodes: Iterable[str] | None = None) -> list[str]:
+        """Re-apply the registry's view of the given nodes (default: all) to Slurm; returns notes.
+
+        The coordinator calls it periodically so that a failed scontrol call is retried.
+        """
+        if self.slurm is None:
+            return []
+        with self._locked() as data:
+            notes = []
+            for node in sorted(set(nodes) if nodes is not None else
+                               {d["node"] for d in data["devices"].values()}):
+                note = self.slurm.sync(node, node_reason(_node_out(data["devices"], node)))
+                if note:
+                    notes.append(note)
+        self.slurm_notes = notes
+        return notes
+
+
+def _storable(r: Reading) -> dict[str, Any]:
+    """A reading's metrics as strict JSON: numpy scalars unwrapped, NaN/Inf as the strings "nan"/"inf"."""
+    out = {}
+    for k, v in r.metrics.items():
+        v = v.item() if hasattr(v, "item") else v
+        if isinstance(v, (list, tuple)):
+            v = [x.item() if hasattr(x, "item") else x for x in v]
+        if isinstance(v, float) and not math.isfinite(v):
+            v = str(v)
+        if not isinstance(v, (bool, int, float, str, list)) or \
+                (isinstance(v, list) and not all(isinstance(x, (bool, int, float, str)) for x in v)):
+            raise ConfigError(f"reading of {r.device} from {r.source}: metric {k!r} has a value of "
+                              f"type {type(v).__name__}; use int, float, bool, str or a tuple of them")
+        out[k] = v
+    return out
+
+
+def _node_out(devices: Mapping[str, Any], node: str) -> tuple[tuple[str, str, str], ...]:
+    """``(device, state, reason)`` of the node's out-of-service devices, sorted."""
+    out = sorted((name, d["state"], d["reason"]) for name, d in devices.items()
+                 if d["node"] == node and State(d["state"]) in OUT_OF_SERVICE)
+    return tuple(out)
