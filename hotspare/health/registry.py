@@ -346,7 +346,7 @@ class Registry:
         with self._update() as data:
             if device not in data["devices"]:
                 data["devices"][device] = _new_record(device, state, reason, actor, self.clock())
-        return self.get(device)
+        return _record_from_json(device, data["devices"][device])
 
     def forget(self, device: str) -> None:
         """Drop a device's record (e.g. after its hardware was replaced: the new part starts fresh)."""
@@ -358,7 +358,7 @@ class Registry:
         """One move of the lifecycle table; ``InvalidTransition`` if the table does not allow it."""
         with self._update() as data:
             self._move(data, device, lifecycle.parse_state(to), reason, actor)
-        return self.get(device)
+        return _record_from_json(device, data["devices"][device])
 
     # --- convenience: idempotent walks along the table ------------------------------------------
     def cordon(self, device: str, reason: str, actor: str = "operator") -> DeviceRecord:
@@ -395,7 +395,7 @@ class Registry:
                         f"(assign(device, None)) first")
                 for step in path.get(state, (target,)):
                     self._move(data, device, step, reason, actor)
-        return self.get(device)
+        return _record_from_json(device, data["devices"][device])
 
     def uncordon(self, device: str, reason: str = "uncordoned by operator",
                  actor: str = "operator") -> DeviceRecord:
@@ -406,7 +406,7 @@ class Registry:
             rec = self._rec(data, device)
             for step in {H: (), S: (H,), C: (H,), D: (C, H)}.get(State(rec["state"]), (H,)):
                 self._move(data, device, step, reason, actor)
-        return self.get(device)
+        return _record_from_json(device, data["devices"][device])
 
     # --- diagnostics ---------------------------------------------------------------------------
     def diagnostics_passed(self, device: str, detail: str = "diagnostics passed") -> DeviceRecord:
@@ -421,7 +421,7 @@ class Registry:
                 self._move(data, device, State.HEALTHY,
                            f"{detail} ({rec['diagnostics_passes']}/{self.passes_required} in a row)",
                            "diagnostics")
-        return self.get(device)
+        return _record_from_json(device, data["devices"][device])
 
     def diagnostics_failed(self, device: str, detail: str) -> DeviceRecord:
         """Reset the passes in a row to 0; the device stays quarantined (retire it if it keeps failing)."""
@@ -432,12 +432,13 @@ class Registry:
                                         f"results count only in quarantine")
             rec["diagnostics_passes"] = 0
             rec["reason"] = f"diagnostics failed: {detail}"
-        return self.get(device)
+        return _record_from_json(device, data["devices"][device])
 
     # --- readings, assignment, remediations ------------------------------------------------------
-    def record_readings(self, readings: Iterable[Reading]) -> None:
+    def record_readings(self, readings: Iterable[Reading]) -> dict[str, DeviceRecord]:
         """Store each reading as its device's last reading from that source, in one write.
-        Devices not yet known are registered (healthy): telemetry discovers them."""
+        Devices not yet known are registered (healthy): telemetry discovers them. Returns the
+        records written, by device."""
         readings = list(readings)
         for r in readings:
             check_device_name(r.device)
@@ -451,10 +452,10 @@ class Registry:
                 rec = data["devices"][r.device]
                 rec["readings"][r.source] = {"time": float(r.time), "metrics": _storable(r),
                                              "rank": r.rank}
+        return {r.device: _record_from_json(r.device, data["devices"][r.device]) for r in readings}
 
     def record_reading(self, reading: Reading) -> DeviceRecord:
-        self.record_readings([reading])
-        return self.get(reading.device)
+        return self.record_readings([reading])[reading.device]
 
     def assign(self, device: str, rank: int | None, job: str | None = None) -> DeviceRecord:
         """Record which rank of which job runs on the device; ``rank=None`` releases it."""
@@ -463,7 +464,7 @@ class Registry:
         with self._update() as data:
             rec = self._rec(data, device)
             rec["rank"], rec["job"] = rank, (None if rank is None else job)
-        return self.get(device)
+        return _record_from_json(device, data["devices"][device])
 
     def release(self, device: str) -> DeviceRecord:
         return self.assign(device, None)
@@ -474,7 +475,7 @@ class Registry:
             rec = self._rec(data, device)
             t = self.clock() if when is None else float(when)
             rec["remediations"] = (rec["remediations"] + [t])[-REMEDIATIONS_KEEP:]
-        return self.get(device)
+        return _record_from_json(device, data["devices"][device])
 
     # --- Slurm ---------------------------------------------------------------------------------
     def sync_slurm(self, nodes: Iterable[str] | None = None) -> list[str]:
