@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from hotspare.agent.inject import Fault, Injector
 from hotspare.errors import ProtocolError
@@ -39,6 +39,7 @@ class WorkerProc:
     last_step: int | None = None
     exit_code: int | None = None
     injected: list[tuple[Fault, float]] = field(default_factory=list)
+    device: str | None = None
 
 
 def _die_with_parent() -> None:
@@ -60,8 +61,16 @@ def describe_exit(code: int) -> str:
 
 class NodeAgent:
     def __init__(self, cmd: list[str], base_env: dict[str, str], events: "queue.Queue[Event]",
-                 injector: Injector | None = None, host: str = "127.0.0.1", log_dir: str | None = None):
+                 injector: Injector | None = None, host: str = "127.0.0.1", log_dir: str | None = None,
+                 devices: list[str] | None = None, usable: Callable[[str], bool] = lambda d: True,
+                 device_fault: Callable[[str, Fault], None] | None = None):
+        """``devices``: the node's device slots ("host/cpu0"...); each worker holds one, and a
+        new worker only goes to a free one that ``usable`` accepts (not cordoned).
+        ``device_fault(device, fault)`` carries out injected device faults (telemetry)."""
         self.cmd = cmd
+        self.devices = list(devices or [])
+        self.usable = usable
+        self.device_fault = device_fault
         self.base_env = base_env
         self.events = events
         self.injector = injector or Injector([])
@@ -79,18 +88,35 @@ class NodeAgent:
         return f"{self.host}:{self.port}"
 
     # ------------------------------------------------------------------ processes
-    def spawn(self, role: str, rank: int | None = None, world_size: int | None = None) -> str:
+    def free_devices(self) -> list[str]:
+        """Device slots no live worker holds and ``usable`` accepts, in order."""
+        with self._lock:
+            held = {wp.device for wp in self.workers.values() if wp.exit_code is None}
+        return [d for d in self.devices if d not in held and self.usable(d)]
+
+    def spawn(self, role: str, rank: int | None = None, world_size: int | None = None) -> str | None:
+        """Start a worker; returns its id, or None when no usable device slot is free."""
+        device = None
+        if self.devices:
+            free = self.free_devices()
+            if not free:
+                return None
+            device = free[0]
         worker = f"w{next(self._ids)}"
         env = dict(self.base_env)
         env.update(HOTSPARE_AGENT=self.address, HOTSPARE_WORKER_ID=worker, HOTSPARE_ROLE=role)
+        # LOCAL_RANK names the worker's device slot, as torchrun's does (cuda:LOCAL_RANK).
+        local = str(self.devices.index(device)) if device else (str(rank) if rank is not None else "-1")
+        if device:
+            env["HOTSPARE_DEVICE"] = device
         if rank is not None:
-            env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank))
+            env.update(RANK=str(rank), LOCAL_RANK=local, GROUP_RANK="0", ROLE_RANK=str(rank))
         else:
-            env.update(RANK="-1", LOCAL_RANK="-1")
+            env.update(RANK="-1", LOCAL_RANK=local)
         # Each worker leads its own process group so a fence can kill its children too, and
         # dies with the launcher (PR_SET_PDEATHSIG) so no orphan outlives its job.
         proc = subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-        wp = WorkerProc(worker, role, proc, time.time(), rank=rank)
+        wp = WorkerProc(worker, role, proc, time.time(), rank=rank, device=device)
         with self._lock:
             self.workers[worker] = wp
         threading.Thread(target=self._wait, args=(wp,), name=f"wait-{worker}", daemon=True).start()
@@ -141,7 +167,15 @@ class NodeAgent:
             return False
 
     def _inject(self, wp: WorkerProc, fault: Fault, now: float) -> None:
-        if fault.kind == "exit":
+        if fault.target == "device":
+            if self.device_fault is None or wp.device is None:
+                print(f"hotspare agent: cannot inject {fault}: no simulated telemetry for this worker's "
+                      "device", file=sys.stderr, flush=True)
+                return
+            self.device_fault(wp.device, fault)
+        elif fault.target == "worker":
+            self.send(wp.worker, make("fault", kind=fault.kind, params=dict(fault.params)))
+        elif fault.kind == "exit":
             # The worker's control thread calls os._exit(code): an abrupt exit with that status.
             self.send(wp.worker, make("exit_now", code=fault.code))
         else:

@@ -73,6 +73,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--capacity-wait", type=float, default=60.0, metavar="SECONDS",
                    help="when a rank is lost and nothing can replace it, wait this long, then stop "
                         "cleanly after writing a last checkpoint (default: 60)")
+    h = p.add_argument_group("health service (docs/HEALTH.md)")
+    h.add_argument("--telemetry", choices=("auto", "nvml", "simulated", "off"), default="auto",
+                   help="device telemetry: NVML on NVIDIA GPUs; 'simulated' devices on CPU machines, "
+                        "driven by health --inject faults; auto picks NVML when it can read a GPU (default: auto)")
+    h.add_argument("--telemetry-period", type=float, default=5.0, metavar="SECONDS",
+                   help="how often device telemetry is polled (default: 5)")
+    h.add_argument("--devices", type=int, default=None, metavar="N",
+                   help="device slots on this node (simulated telemetry); each worker and spare holds one, "
+                        "cordoned ones take no new work (default: NPROC + SPARES)")
+    h.add_argument("--health-rules", metavar="FILE",
+                   help="a rules file overriding the defaults by rule name (see docs/HEALTH.md, Rules)")
+    h.add_argument("--health-db", metavar="FILE",
+                   help="the device registry (lifecycle states, readings) shared with `hotspare health`; "
+                        "default: $HOTSPARE_HEALTH_DB, else a file of this run only")
+    h.add_argument("--fingerprint-every", type=int, default=1, metavar="STEPS",
+                   help="cross-replica parameter fingerprint vote every STEPS steps (0: off). Each vote "
+                        "runs inside the gradient exchange before the update, so a corrupt replica is "
+                        "caught before it spreads; it costs ~1 ms per 5M parameters (default: 1)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of the rendezvous store (default: 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=0,
                    help="port of the rendezvous store (default: 0, a free port)")
@@ -105,6 +123,16 @@ def _validate(args: argparse.Namespace) -> list:
             args.resume_path = load(args.resume)[3].path
         except CheckpointError as e:
             raise ConfigError(f"--resume {args.resume}: {e}") from None
+    if args.telemetry_period <= 0:
+        raise ConfigError("--telemetry-period must be > 0 seconds")
+    if args.fingerprint_every < 0:
+        raise ConfigError("--fingerprint-every must be 0 (off) or a number of steps")
+    if args.devices is not None and args.devices < args.nproc + args.spares:
+        raise ConfigError(f"--devices {args.devices} is fewer than --nproc + --spares = "
+                          f"{args.nproc + args.spares}: every worker and spare needs a device slot")
+    if args.health_rules:
+        from hotspare.health.rules import load_rules
+        args.rules = load_rules(args.health_rules)     # refuse a bad rules file before starting
     if args.log_every < 0:
         raise ConfigError(f"--log-every must be 0 (automatic) or more (got {args.log_every})")
     if not os.path.isfile(args.script):
@@ -146,8 +174,13 @@ def run(args: argparse.Namespace) -> int:
         env.update(HOTSPARE_CHECKPOINT_DIR=os.path.abspath(args.checkpoint_dir),
                    HOTSPARE_CHECKPOINT_EVERY=str(args.checkpoint_every),
                    HOTSPARE_CHECKPOINT_SECONDS=str(args.checkpoint_seconds))   # like torchrun: one compute thread per worker
+    env["HOTSPARE_FINGERPRINT_EVERY"] = str(args.fingerprint_every)
     events: queue.Queue = queue.Queue()
-    agent = NodeAgent([sys.executable, args.script, *args.script_args], env, events, Injector(faults))
+    health, source, poller = _health_service(args, events, log)
+    agent = NodeAgent([sys.executable, args.script, *args.script_args], env, events, Injector(faults),
+                      devices=health.devices if health else None,
+                      usable=health.usable if health else (lambda d: True),
+                      device_fault=_device_fault(source, log) if source is not None else None)
     settings = {"script": args.script, "args": args.script_args, "nproc": args.nproc,
                 "spares": args.spares, "inject": [str(f) for f in faults],
                 "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
@@ -159,15 +192,29 @@ def run(args: argparse.Namespace) -> int:
     coord = Coordinator(agent, events, view, ledger, log=log, log_every=args.log_every or 0,
                         hang_floor=args.hang_floor, hang_factor=args.hang_factor,
                         join_timeout=args.join_timeout,
-                        checkpoint_dir=os.path.abspath(args.checkpoint_dir or "hotspare-checkpoints"))
+                        checkpoint_dir=os.path.abspath(args.checkpoint_dir or "hotspare-checkpoints"),
+                        health=health)
     log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
-    coord.start()
+    try:
+        coord.start()
+    except ConfigError as e:
+        print(f"hotspare run: error: {e}", file=sys.stderr)
+        agent.shutdown(grace=0.0)
+        return 2
+    if poller is not None:
+        poller.start()
     try:
         code = coord.run()
     except KeyboardInterrupt:
         ledger.outcome, ledger.message, code = "interrupted", "interrupted by the user", 130
     finally:
+        if poller is not None:
+            poller.stop()
         agent.shutdown(grace=10.0)
+    if health is not None:
+        health.close()
+        ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
+                          for r in health.registry.devices() if r.device in health.devices]
     report = ledger.report()
     _summary(log, report, code)
     if args.report:
@@ -175,6 +222,59 @@ def run(args: argparse.Namespace) -> int:
             json.dump(report, f, indent=2)
         log(f"report written to {args.report}")
     return code
+
+
+def _health_service(args, events: "queue.Queue", log):
+    """The telemetry source, its poller (feeding the coordinator's queue) and the monitor."""
+    if args.telemetry == "off":
+        return None, None, None
+    import tempfile
+
+    from hotspare.coordinator.health import HealthMonitor
+    from hotspare.health.registry import ENV_PATH, Registry
+    from hotspare.health.rules import load_rules
+    from hotspare.health.telemetry import NvmlSource, Poller, SimulatedSource
+
+    slots = args.devices or args.nproc + args.spares
+    if args.telemetry in ("auto", "nvml"):
+        source = NvmlSource()
+        ok, why = source.status()
+        if not ok:
+            if args.telemetry == "nvml":
+                raise SystemExit(f"hotspare run: error: --telemetry nvml: {why}")
+            source = SimulatedSource(slots)
+            source.fallback_reason = why
+    else:
+        source = SimulatedSource(slots)
+    devices = source.devices()[:slots] if source.name == "simulated" else source.devices()
+    db = args.health_db or os.environ.get(ENV_PATH)
+    if db is None:
+        db = os.path.join(tempfile.mkdtemp(prefix="hotspare-health-"), "health.json")
+    registry = Registry(db)
+    rules = getattr(args, "rules", None) or load_rules()
+
+    def reset(device: str) -> None:        # what a GPU reset does to the simulated device
+        if isinstance(source, SimulatedSource):
+            source.clear(device)
+
+    def diagnose(device: str) -> tuple[bool, str]:
+        from hotspare.coordinator.health import diagnose_device
+        return diagnose_device(device, source, rules)
+
+    monitor = HealthMonitor(rules, registry, devices, log=log, diagnose=diagnose, reset=reset)
+    poller = Poller(source, lambda readings: events.put(("readings", "", readings, time.time())),
+                    period_s=args.telemetry_period)
+    log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db}")
+    return monitor, source, poller
+
+
+def _device_fault(source, log):
+    def apply(device: str, fault) -> None:
+        if not hasattr(source, "apply"):
+            log(f"FAULT   {fault}: the {source.name} telemetry of {device} cannot be driven; ignored")
+            return
+        source.apply(device, fault.kind, **fault.params)
+    return apply
 
 
 def _summary(log, report: dict, code: int) -> None:

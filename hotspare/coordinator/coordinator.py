@@ -15,8 +15,8 @@ import time
 from typing import Any, Callable
 
 from hotspare.agent import NodeAgent, describe_exit
-from hotspare.coordinator.ledger import FailureRecord, Ledger
-from hotspare.errors import ProtocolError
+from hotspare.coordinator.ledger import FailureRecord, Ledger, MigrationRecord
+from hotspare.errors import ConfigError, ProtocolError
 from hotspare.policy import decide as policy
 from hotspare.policy import hang
 from hotspare.protocol.messages import make
@@ -30,7 +30,8 @@ class Coordinator:
     def __init__(self, agent: NodeAgent, events: "queue.Queue", view: policy.ClusterView,
                  ledger: Ledger, log: Callable[[str], None] = print, log_every: int = 0,
                  hang_floor: float = hang.DEFAULT_FLOOR_S, hang_factor: float = hang.DEFAULT_FACTOR,
-                 join_timeout: float = 5.0, checkpoint_dir: str = "hotspare-checkpoints"):
+                 join_timeout: float = 5.0, checkpoint_dir: str = "hotspare-checkpoints",
+                 health=None):
         self.agent, self.events, self.view, self.ledger = agent, events, view, ledger
         self.log = log
         self.log_every = log_every
@@ -45,14 +46,31 @@ class Coordinator:
         self.injected_at: dict[str, tuple[Any, float]] = {}
         self.exit_code: int | None = None
         self.debug = bool(os.environ.get("HOTSPARE_DEBUG"))
+        self.health = health                    # coordinator.health.HealthMonitor, or None
+        self.unplaced = 0                       # spares wanted but no usable device was free
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
         for rank in range(self.view.world_size):
-            self.agent.spawn("active", rank=rank)
-        for _ in range(self.view.target_spares):   # the initial pool: not replacements
-            self.agent.spawn("spare")
+            if self.agent.spawn("active", rank=rank) is None:
+                raise ConfigError(f"only {len(self.agent.free_devices())} usable device(s) for "
+                                  f"{self.view.world_size} ranks: uncordon devices (hotspare uncordon) or "
+                                  "lower --nproc")
+        self._spawn_spares(self.view.target_spares)   # the initial pool: not replacements
         self.view.starting += self.view.target_spares
+
+    def _spawn_spares(self, count: int) -> int:
+        """Start spares; one that no usable device can take waits (counted as starting) until a
+        device returns to service."""
+        started = 0
+        for _ in range(count):
+            if self.agent.spawn("spare") is None:
+                self.unplaced += 1
+                self.log("CAPACITY no usable device is free for a new spare (devices out of service: "
+                         "see `hotspare health`); it starts when a device returns to the pool")
+            else:
+                started += 1
+        return started
 
     def run(self, poll: float = 0.25) -> int:
         next_tick = time.time() + poll
@@ -77,13 +95,19 @@ class Coordinator:
         if kind == "injected":
             wp = self.agent.workers[worker]
             self.injected_at[worker] = (payload, t)
-            how = payload.signal.name if payload.signal else f"exit with status {payload.code}"
+            how = {"device": "its device's simulated telemetry", "worker": "the worker itself"}.get(
+                payload.target) or (payload.signal.name if payload.signal else f"exit with status {payload.code}")
             self.log(f"FAULT   injected {payload} -> {how} to worker {worker} (pid {wp.proc.pid})")
+            return
+        if kind == "readings":
+            self._readings(payload, t)
             return
         if kind == "exit":
             desc = describe_exit(payload)
             self._member_lost(worker, desc, payload, t)
             self._signal(policy.WorkerExited(worker, payload, desc), t)
+            if self.health is not None:
+                self.health.device_released(self.agent.workers[worker].device)
             return
         msg = payload
         try:
@@ -97,6 +121,12 @@ class Coordinator:
     def _tick(self, now: float) -> None:
         if self.view.phase not in ("running", "recovering"):
             return
+        while self.unplaced and self.agent.free_devices():
+            self.unplaced -= 1
+            if self.agent.spawn("spare") is None:
+                self.unplaced += 1
+                break
+            self.log("CAPACITY a device is back in the pool: starting the spare that waited for it")
         activity = tuple(
             hang.RankActivity(r, self.agent.workers[w].last_step, self.reducing.get(r),
                               self.agent.proc_state(w) == "T")
@@ -130,6 +160,9 @@ class Coordinator:
             if msg["gen"] != self.view.generation:
                 return None             # stale: a commit of a generation already replaced
             self._on_commit(msg, t)
+            if self.health is not None and isinstance(msg.get("compute"), (int, float)):
+                self._health_readings(self.health.step_timing(msg["rank"], float(msg["compute"]),
+                                                              float(msg.get("comm", 0.0)), t), t)
             return None
         if kind == "step":
             if self.ledger.total_steps is None and isinstance(msg.get("total"), int):
@@ -139,7 +172,21 @@ class Coordinator:
             self._on_joined(msg, t)
             return None
         if kind == "failed":
+            health = msg.get("health")
+            if isinstance(health, dict) and self.health is not None and msg["gen"] == self.view.generation:
+                # Judge the suspects before the step failure is counted: they must not be a source.
+                self._health_readings(self.health.vote_readings(health, t), t, step=health.get("step"))
             return policy.StepFailed(worker, msg["rank"], msg["gen"], msg["committed"], msg["error"])
+        if kind == "paused":
+            m = next((m for m in reversed(self.ledger.migrations) if m.generation is None), None)
+            if m is not None:
+                m.paused_at = max(m.paused_at or 0.0, t)
+            return policy.Paused(worker, msg["rank"], msg["gen"], msg["committed"])
+        if kind == "handed_off":
+            for m in self.ledger.migrations:
+                if m.generation == msg["gen"]:
+                    m.bytes_transferred, m.transfer_s = msg["bytes"], float(msg["seconds"])
+            return None
         if kind == "crash":
             self.log(f"ERROR   rank {msg['rank']} ({worker}) raised at step {msg['step']}: {msg['error'][:200]}")
             return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"])
@@ -165,6 +212,25 @@ class Coordinator:
         elif self.view.phase != "recovering":
             self.recovering_since = None
 
+    # ------------------------------------------------------------------ health
+    def _readings(self, readings, t: float) -> None:
+        """A telemetry poll (queued by the poller thread)."""
+        self.health.record_readings(readings)
+        self._health_readings(readings, t)
+
+    def _health_readings(self, readings, t: float, step: int | None = None) -> None:
+        for reading in readings:
+            verdict = self.health.observe(reading, t)
+            if verdict is None:
+                continue
+            worker = self.view.members.get(verdict.rank, "") if verdict.rank is not None else ""
+            self.ledger.health_events.append({
+                "time": round(t - self.ledger.started, 3), "device": verdict.device, "rank": verdict.rank,
+                "action": verdict.action, "rule": verdict.rule, "reason": verdict.reason,
+                "trust_memory": verdict.trust_memory, "source": reading.source})
+            self._signal(policy.HealthVerdict(verdict.device, verdict.rank, verdict.action, verdict.reason,
+                                              verdict.trust_memory, verdict.rule, step, worker), t)
+
     # ------------------------------------------------------------------ bookkeeping
     def _on_commit(self, msg: dict[str, Any], t: float) -> None:
         rank, step = msg["rank"], msg["step"]
@@ -172,6 +238,12 @@ class Coordinator:
         self.committed_in_gen = True
         recovered = self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t)
         if recovered:
+            for m in self.ledger.migrations:
+                if m.generation == msg["gen"] and m.first_commit_at == t:
+                    self.log(f"MIGRATED rank {m.rank} off {m.device} -> {m.spare}: state of step "
+                             f"{m.target_step} ({m.bytes_transferred / 1e6:.1f} MB in {m.transfer_s * 1000:.0f} ms) "
+                             f"handed over directly; downtime {m.first_commit_at - m.signal_at:.2f} s from the "
+                             f"signal to the next committed step, lost steps 0")
             for f in self.ledger.failures:
                 if f.generation == msg["gen"] and f.first_commit_at == t:
                     src = "the checkpoint" if f.recovery_path == "checkpoint" else f"rank {f.source_rank}"
@@ -187,6 +259,9 @@ class Coordinator:
             self.log(f"step {step:>5}{total}  {extra}  {msg['dt'] * 1000:.0f} ms/step  gen {msg['gen']}")
 
     def _on_joined(self, msg: dict[str, Any], t: float) -> None:
+        for m in self.ledger.migrations:
+            if m.generation == msg["gen"]:
+                m.rebuild_s = max(m.rebuild_s, float(msg["timings"].get("rebuild", 0.0)))
         if msg["gen"] == self.view.generation:
             self.joined.add(msg["rank"])
             self.progress_at = max(self.progress_at, t)     # the stall clock starts once joined
@@ -206,7 +281,7 @@ class Coordinator:
         injected = self.injected_at.get(worker)
         fenced = self.fenced.get(worker)
         if fenced:
-            kind, t = "hang", fenced[0]                  # detected when the detector fired
+            kind, t = fenced[2], fenced[0]               # detected when the detector fired
         elif crash:
             kind = "exception"
         else:
@@ -231,7 +306,7 @@ class Coordinator:
         elif isinstance(action, policy.Fence):
             for r in action.ranks:
                 worker = self.view.members[r]
-                self.fenced[worker] = (t, action.reason)
+                self.fenced[worker] = (t, action.reason, action.kind)
                 self.log(f"FENCE   rank {r} ({worker}): {action.reason}; SIGKILL to its process group")
                 self.agent.kill(worker, signal.SIGKILL, group=True)
         elif isinstance(action, policy.CheckpointNow):
@@ -239,8 +314,17 @@ class Coordinator:
                      f"{self.checkpoint_dir}")
             self.agent.send(self.view.members[action.rank], make("checkpoint_now", directory=self.checkpoint_dir))
         elif isinstance(action, policy.StartSpares):
-            for _ in range(action.count):
-                self.agent.spawn("spare")
+            self._spawn_spares(action.count)
+        elif isinstance(action, policy.Pause):
+            self.ledger.migrations.append(MigrationRecord(
+                action.rank, action.device, action.rule, action.reason, t, action.spare,
+                self.view.members[action.rank]))
+            self.log(f"MIGRATE {action.reason}")
+            for r, w in self.view.members.items():
+                self.agent.send(w, make("pause", gen=action.gen, reason=action.reason))
+        elif isinstance(action, policy.Cordon):
+            if self.health is not None:
+                self.health.cordon(action.device, action.reason, action.rule, t, retire=action.retire)
         elif isinstance(action, policy.Release):
             self.ledger.outcome = "finished"
             self._release_all(action.reason)
@@ -257,7 +341,9 @@ class Coordinator:
 
     def _form(self, a: policy.FormGeneration, reason: str) -> None:
         now = time.time()
-        if a.gen > 1:
+        if a.handoff_from is not None:
+            self.log(f"MIGRATE generation {a.gen}: {reason}")
+        elif a.gen > 1:
             lost_steps = max(0, self.ledger.max_committed() - a.target)
             if not self.ledger.open:   # a collective failed but nobody died: a transient fault
                 rec = FailureRecord(kind="collective error", rank=-1, worker="", step=a.target + 1,
@@ -277,11 +363,28 @@ class Coordinator:
                      f"{_fmt_ranks(a.members.values())}; {reason}")
         self.progress_at = now
         self.reducing, self.joined, self.committed_in_gen = {}, set(), False
+        for m in self.ledger.migrations:
+            if m.generation is None:
+                if a.handoff_from == m.worker:
+                    m.generation, m.target_step, m.lost_steps = a.gen, a.target, 0
+                else:
+                    m.generation, m.outcome = a.gen, "superseded by a failure"
+        extra: dict[str, Any] = {}
+        if a.handoff_from is not None:
+            # The old worker sends its own state to the spare (a 2-member group), then exits.
+            extra = {"join_timeout": max(30.0, 4 * self.join_timeout)}
+            rank = next(r for r, w in a.replacements.items())
+            self.agent.send(a.handoff_from, make("handoff", gen=a.gen, rank=rank,
+                                                 handoff=f"handoff{a.gen}/", **extra))
         for rank, worker in a.members.items():
             self.agent.workers[worker].rank = rank
+            if self.health is not None:
+                self.health.assign(rank, self.agent.workers[worker].device, worker)
+            handoff = ({"handoff": f"handoff{a.gen}/"} if a.handoff_from is not None
+                       and a.replacements.get(rank) == worker else {})
             self.agent.send(worker, make("generation", gen=a.gen, rank=rank, world=len(a.members),
                                          prefix=f"gen{a.gen}/", target=a.target, source=a.source,
-                                         receivers=list(a.receivers), restore=a.restore))
+                                         receivers=list(a.receivers), restore=a.restore, **handoff, **extra))
 
     def _release_all(self, reason: str) -> None:
         for w in self.agent.alive():

@@ -61,6 +61,34 @@ class FailureRecord:
 
 
 @dataclass
+class MigrationRecord:
+    """A live migration: a rank moved off a degrading device at a step boundary."""
+    rank: int
+    device: str
+    rule: str
+    reason: str
+    signal_at: float                  # when the verdict was acted on (the pause was asked)
+    spare: str
+    worker: str                       # the worker that left
+    paused_at: float | None = None    # every rank stopped at the boundary
+    generation: int | None = None
+    target_step: int | None = None
+    lost_steps: int | None = None
+    bytes_transferred: int = 0
+    transfer_s: float = 0.0
+    rebuild_s: float = 0.0
+    first_commit_at: float | None = None
+    outcome: str = "in flight"        # "migrated" / "superseded by a failure"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if not k.endswith("_at")}
+        d["downtime_s"] = (None if self.first_commit_at is None
+                           else round(self.first_commit_at - self.signal_at, 6))
+        d["pause_s"] = None if self.paused_at is None else round(self.paused_at - self.signal_at, 6)
+        return d
+
+
+@dataclass
 class Ledger:
     settings: dict[str, Any]
     started: float = field(default_factory=time.time)
@@ -72,6 +100,9 @@ class Ledger:
     open: list[FailureRecord] = field(default_factory=list)        # awaiting their first commit
     digests: dict[int, str] = field(default_factory=dict)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    migrations: list[MigrationRecord] = field(default_factory=list)
+    health_events: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[dict[str, Any]] = field(default_factory=list)    # final device states
     total_steps: int | None = None
     outcome: str = "running"
     message: str = ""
@@ -86,10 +117,14 @@ class Ledger:
             self.step_times.append(dt)
         closing = [f for f in self.open if f.generation == gen and f.target_step is not None
                    and step == f.target_step + 1]
-        if closing and all(self.commits.get(r, -1) >= step for r in range(world)):
+        moving = [m for m in self.migrations if m.generation == gen and m.first_commit_at is None
+                  and m.target_step is not None and step == m.target_step + 1]
+        if (closing or moving) and all(self.commits.get(r, -1) >= step for r in range(world)):
             for f in closing:
                 f.first_commit_at = now
                 self.open.remove(f)
+            for m in moving:
+                m.first_commit_at, m.outcome = now, "migrated"
             return True
         return False
 
@@ -117,6 +152,10 @@ class Ledger:
             "final_state_digest": next(iter(digests)) if len(digests) == 1 else None,
             "replica_digests": {str(r): d for r, d in sorted(self.digests.items())},
             "replicas_consistent": len(digests) <= 1,
+            "migrations": [m.to_dict() for m in self.migrations],
+            "migrations_total": sum(m.outcome == "migrated" for m in self.migrations),
+            "health_events": self.health_events,
+            "devices": self.devices,
             "wall_time_s": round(time.time() - self.started, 3),
             "median_step_time_s": round(statistics.median(self.step_times), 6) if self.step_times else None,
         }

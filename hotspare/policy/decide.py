@@ -132,6 +132,7 @@ class Fence:
     """Kill these ranks' processes for sure (process group, SIGKILL) before reassigning them."""
     ranks: tuple[int, ...]
     reason: str
+    kind: str = "hang"         # what the failure record calls it: "hang" or "health:<rule>"
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ class Pause:
     spare: str
     device: str
     reason: str
+    rule: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ class Cordon:
     """Take a device out of service: no new work; drained, then quarantine diagnostics."""
     device: str
     reason: str
+    rule: str = ""
+    retire: bool = False       # a repeat offender: retire it once drained instead of diagnosing
 
 
 @dataclass(frozen=True)
@@ -265,7 +269,7 @@ def apply(view: ClusterView, action: Action) -> None:
         view.generation = action.gen
         view.members = dict(action.members)
         view.ready_spares = [w for w in view.ready_spares if w not in action.replacements.values()]
-        if not view.lost:
+        if not view.lost and action.handoff_from is None:
             view.reforms[action.target + 1] = view.reforms.get(action.target + 1, 0) + (action.gen > 1)
         view.lost, view.reports, view.done = set(), {}, {}
         view.fenced, view.aborted = set(), False
@@ -350,11 +354,12 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
                 reasons.append(f"all {view.world_size} ranks ready: generation 1, initial state from rank 0")
         return Decision(tuple(actions), "; ".join(reasons) or "waiting for ranks to start")
 
-    if view.phase == "recovering":
+    all_done = bool(view.done) and len(view.done) == len(view.members) and not view.lost
+    if view.phase == "recovering" and not (all_done and view.migrating is not None):
         d = _recover(view)
         actions += d.actions
         reasons.append(d.reason)
-    elif view.phase == "running" and view.done and len(view.done) == len(view.members):
+    elif all_done:      # (a migration asked for after the last step has nothing left to move)
         final = {d.step for d in view.done.values()}
         actions.append(Release(f"all ranks finished step {max(final)}"))
         reasons.append("training complete")
@@ -371,7 +376,7 @@ def _on_health(view: ClusterView, v: HealthVerdict) -> Decision:
     if v.action not in (MIGRATE, FAILOVER, QUARANTINE, RETIRE):
         return Decision((), f"{v.action}: {what}")
     rank = v.rank if v.rank in view.members and v.rank not in view.lost else None
-    cordon = Cordon(v.device, v.reason)
+    cordon = Cordon(v.device, v.reason, v.rule, retire=v.action == RETIRE)
     if v.step is not None and rank is not None:
         seen = view.health_failures.setdefault((rank, v.step), [])
         if v.worker not in seen:
@@ -388,7 +393,7 @@ def _on_health(view: ClusterView, v: HealthVerdict) -> Decision:
         if rank in view.fenced:
             return Decision((), f"rank {rank} already being fenced: {what}")
         reason = f"rank {rank} on {what}; its memory is not trusted: fencing it, state from a healthy replica"
-        return Decision((Fence((rank,), reason), cordon), reason)
+        return Decision((Fence((rank,), reason, kind=f"health:{v.rule}"), cordon), reason)
     if view.phase != "running" or view.migrating is not None:
         return Decision((), f"{v.action} of rank {rank} deferred (job {view.phase}): {what}")
     if not view.ready_spares:
@@ -397,7 +402,7 @@ def _on_health(view: ClusterView, v: HealthVerdict) -> Decision:
     spare = view.ready_spares[0]
     reason = (f"rank {rank} on {what}; live-migrating it to spare {spare} at the next step boundary "
               "(its memory is still good)")
-    return Decision((Pause(view.generation, rank, spare, v.device, reason), cordon), reason)
+    return Decision((Pause(view.generation, rank, spare, v.device, reason, v.rule), cordon), reason)
 
 
 def _on_tick(view: ClusterView, tick: Tick) -> Decision:
