@@ -1,0 +1,183 @@
+"""Cordoning a device drains its node in a real Slurm, and returning it resumes the node.
+
+Runs against a real single-machine Slurm (slurmctld + slurmd + munge on this host, node name
+``hostname -s``). ``.ci/slurm-up`` installs and starts one; this module's session fixture starts it
+itself when the binaries are installed but the daemons are not running, and stops what it started.
+Without Slurm installed the tests fail (they do not skip): run ``.ci/slurm-up`` as root.
+What Slurm reports is read with ``sinfo`` directly, independently of hotspare's own Slurm code.
+"""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hotspare.health.registry import Registry
+from hotspare.health.slurm import SlurmError, SlurmNodes
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_CLUSTER = "hotspare-ci"       # the ClusterName .ci/slurm-up writes
+
+
+def _sh(*argv, timeout=30):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def _controller_up():
+    return "is UP" in _sh("scontrol", "ping").stdout
+
+
+def sinfo_state(node):
+    return _sh("sinfo", "--noheader", "--nodes", node, "--format", "%T").stdout.strip()
+
+
+def sinfo_reason(node):
+    """The node's reason as ``sinfo -R`` lists it (empty when the node has none)."""
+    return _sh("sinfo", "--list-reasons", "--noheader", "--nodes", node, "--format", "%E").stdout.strip()
+
+
+def wait_state(node, wanted, timeout=30.0):
+    end = time.monotonic() + timeout
+    while True:
+        state = sinfo_state(node)
+        if state in wanted:
+            return state
+        if time.monotonic() > end:
+            pytest.fail(f"node {node} is {state!r}, still not {' or '.join(wanted)} after {timeout:g} s")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def hotspare_slurm_node():
+    """The test cluster's one node name; starts the cluster if needed and stops what it started."""
+    missing = [b for b in ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "munged") if not shutil.which(b)]
+    if missing:
+        pytest.fail(f"Slurm is not installed here (missing {', '.join(missing)}): run `.ci/slurm-up` as "
+                    f"root; it installs slurm-wlm and munge with apt-get and starts a one-node test "
+                    f"cluster (.ci/run does this before pytest)", pytrace=False)
+    started = False
+    if not _controller_up():
+        if os.geteuid() != 0:
+            pytest.fail("Slurm is installed but its daemons are not running, and starting them needs "
+                        "root: run `sudo .ci/slurm-up`", pytrace=False)
+        up = _sh(str(REPO / ".ci" / "slurm-up"), timeout=300)
+        if up.returncode != 0:
+            pytest.fail(f".ci/slurm-up failed:\n{up.stdout}{up.stderr}", pytrace=False)
+        started = True
+    try:
+        config = _sh("scontrol", "show", "config").stdout
+        cluster = next((l.split("=", 1)[1].strip() for l in config.splitlines()
+                        if l.split("=")[0].strip() == "ClusterName"), "?")
+        if cluster != TEST_CLUSTER:
+            pytest.skip(f"the Slurm running here is cluster {cluster!r}, not the throwaway "
+                        f"{TEST_CLUSTER!r} of .ci/slurm-up: not draining a real cluster's nodes")
+        node = socket.gethostname().split(".")[0]
+        yield node
+    finally:
+        if started:
+            _sh(str(REPO / ".ci" / "slurm-down"), timeout=120)
+
+
+@pytest.fixture
+def node(hotspare_slurm_node):
+    """The node, idle, with no job; left idle with no job afterwards whatever the test did."""
+    n = hotspare_slurm_node
+
+    def clean():
+        _sh("scancel", "--user", str(os.getuid()))
+        if "drain" in sinfo_state(n):
+            _sh("scontrol", "update", f"NodeName={n}", "State=RESUME")
+        wait_state(n, ("idle",))
+
+    clean()
+    yield n
+    clean()
+
+
+def hotspare(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "hotspare", *map(str, args)], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, **(env or {})))
+
+
+def test_cordon_drains_the_node_in_slurm_and_uncordon_resumes_it(node, tmp_path):
+    db = tmp_path / "health.json"
+    reg = Registry(db)
+    reg.ensure(f"{node}/cpu0")
+    reg.ensure(f"{node}/cpu1")
+
+    out = hotspare("cordon", f"{node}/cpu0", "--reason", "thermal margin -3C", "--db", db, "--slurm", "on")
+    assert out.returncode == 0, out.stderr
+    assert f"slurm: drained node {node}" in out.stdout
+    assert sinfo_state(node) == "drained"
+    assert sinfo_reason(node) == f"hotspare: {node}/cpu0 cordoned: thermal margin -3C"
+
+    # A second device of the node out of service: the node stays drained until both are back.
+    assert hotspare("drain", f"{node}/cpu1", "--reason", "ecc", "--db", db, "--slurm", "on").returncode == 0
+    out = hotspare("uncordon", f"{node}/cpu0", "--db", db, "--slurm", "on")
+    assert out.returncode == 0, out.stderr
+    assert sinfo_state(node) == "drained"
+    assert sinfo_reason(node) == f"hotspare: {node}/cpu1 draining: ecc"
+
+    out = hotspare("uncordon", f"{node}/cpu1", "--db", db, "--slurm", "on")
+    assert out.returncode == 0, out.stderr
+    assert f"slurm: resumed node {node}" in out.stdout
+    assert wait_state(node, ("idle",)) == "idle"
+    assert sinfo_reason(node) == ""
+
+
+def test_a_running_job_keeps_running_while_the_node_drains(node, tmp_path):
+    job = _sh("sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 300").stdout.strip()
+    assert job, "sbatch gave no job id"
+    wait_state(node, ("allocated", "mixed"))
+    reg = Registry(tmp_path / "health.json", slurm=SlurmNodes())
+    reg.ensure(f"{node}/cpu0")
+    reg.cordon(f"{node}/cpu0", "pcie link x8 of x16", actor="rule:pcie-degraded")
+    assert sinfo_state(node) == "draining"            # no new jobs; the running one stays
+    assert _sh("squeue", "--noheader", "--jobs", job, "--format", "%T").stdout.strip() == "RUNNING"
+    _sh("scancel", job)
+    assert wait_state(node, ("drained",)) == "drained"
+    assert reg.slurm.state(node).by_hotspare
+    reg.uncordon(f"{node}/cpu0")
+    wait_state(node, ("idle",))
+
+
+def test_a_node_drained_by_someone_else_is_left_alone(node, tmp_path):
+    assert _sh("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=admin: bios update").returncode == 0
+    reg = Registry(tmp_path / "health.json", slurm=SlurmNodes())
+    reg.ensure(f"{node}/cpu0")
+    reg.cordon(f"{node}/cpu0", "thermal")
+    assert any("drained by someone else (admin: bios update)" in n for n in reg.slurm_notes)
+    reg.uncordon(f"{node}/cpu0")
+    assert sinfo_state(node) == "drained" and sinfo_reason(node) == "admin: bios update"
+
+
+def test_strict_mode_refuses_a_node_slurm_does_not_know_and_keeps_the_registry(node, tmp_path):
+    db = tmp_path / "health.json"
+    Registry(db).ensure("not-a-slurm-node/gpu0")
+    before = db.read_bytes()
+    out = hotspare("cordon", "not-a-slurm-node/gpu0", "--reason", "x", "--db", db, "--slurm", "on")
+    assert out.returncode == 1
+    assert "Slurm does not know node 'not-a-slurm-node'" in out.stderr
+    assert db.read_bytes() == before                  # Slurm first, then the file: nothing half-done
+
+    # auto mode (this host has a slurm.conf now): unknown nodes are skipped, the cordon stands.
+    out = hotspare("cordon", "not-a-slurm-node/gpu0", "--reason", "x", "--db", db, env={"HOTSPARE_SLURM": "auto"})
+    assert out.returncode == 0, out.stderr
+    assert Registry(db).get("not-a-slurm-node/gpu0").state.value == "cordoned"
+
+
+def test_scontrol_failures_carry_its_stderr(node):
+    with pytest.raises(SlurmError, match=r"scontrol update NodeName=nosuchnode .* failed \(exit 1\): "
+                                         r".*Invalid node name specified"):
+        SlurmNodes().drain("nosuchnode", "x")
+
+
+def test_auto_mode_is_on_where_slurm_is_configured(node):
+    assert SlurmNodes.detected()
+    assert SlurmNodes.from_mode("auto") is not None and not SlurmNodes.from_mode("auto").strict
+    assert SlurmNodes.from_mode("off") is None
+    assert SlurmNodes.detected({"PATH": "/nonexistent"}) is False
