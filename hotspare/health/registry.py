@@ -307,9 +307,10 @@ class Registry:
             if self.slurm is None:
                 return
             forced = {node_of(d) for d in sync}
-            for node in sorted({d["node"] for d in (*old.values(), *devices.values())} | forced):
-                want = _node_out(devices, node)
-                if node in forced or want != _node_out(old, node):
+            was, now = _out_by_node(old), _out_by_node(devices)
+            for node in sorted(set(was) | set(now) | forced):
+                want = now.get(node, ())
+                if node in forced or want != was.get(node, ()):
                     note = self.slurm.sync(node, node_reason(want))
                     if note:
                         self.slurm_notes.append(note)
@@ -487,9 +488,10 @@ class Registry:
             return []
         with self._locked() as data:
             notes = []
+            out = _out_by_node(data["devices"])
             for node in sorted(set(nodes) if nodes is not None else
                                {d["node"] for d in data["devices"].values()}):
-                note = self.slurm.sync(node, node_reason(_node_out(data["devices"], node)))
+                note = self.slurm.sync(node, node_reason(out.get(node, ())))
                 if note:
                     notes.append(note)
         self.slurm_notes = notes
@@ -513,8 +515,11 @@ def _storable(r: Reading) -> dict[str, Any]:
     return out
 
 
-def _node_out(devices: Mapping[str, Any], node: str) -> tuple[tuple[str, str, str], ...]:
-    """``(device, state, reason)`` of the node's out-of-service devices, sorted."""
-    out = sorted((name, d["state"], d["reason"]) for name, d in devices.items()
-                 if d["node"] == node and State(d["state"]) in OUT_OF_SERVICE)
-    return tuple(out)
+def _out_by_node(devices: Mapping[str, Any]) -> dict[str, tuple[tuple[str, str, str], ...]]:
+    """Per node, ``(device, state, reason)`` of its out-of-service devices, sorted; nodes with none
+    are left out."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for name, d in devices.items():
+        if State(d["state"]) in OUT_OF_SERVICE:
+            out.setdefault(d["node"], []).append((name, d["state"], d["reason"]))
+    return {node: tuple(sorted(entries)) for node, entries in out.items()}

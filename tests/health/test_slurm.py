@@ -181,3 +181,31 @@ def test_auto_mode_is_on_where_slurm_is_configured(node):
     assert SlurmNodes.from_mode("auto") is not None and not SlurmNodes.from_mode("auto").strict
     assert SlurmNodes.from_mode("off") is None
     assert SlurmNodes.detected({"PATH": "/nonexistent"}) is False
+
+
+# --- the pure part: what to ask Slurm for (no cluster needed) -----------------------------------
+from hotspare.health.slurm import NodeState, node_reason, plan  # noqa: E402
+
+
+def test_the_node_reason_names_the_first_device_and_counts_the_rest():
+    assert node_reason(()) is None
+    assert node_reason([("n1/gpu3", "cordoned", "thermal\nmargin")]) == "hotspare: n1/gpu3 cordoned: thermal margin"
+    two = node_reason([("n1/gpu3", "draining", "ecc"), ("n1/gpu1", "cordoned", "fan")])
+    assert two == "hotspare: n1/gpu1 cordoned: fan (+1 more device)"
+    long = node_reason([("n1/gpu1", "cordoned", "x" * 500), ("n1/gpu2", "cordoned", "y"), ("n1/gpu3", "retired", "z")])
+    assert len(long) == 200 and long.endswith("... (+2 more devices)")
+
+
+@pytest.mark.parametrize("state,reason,want,action", [
+    ("idle", "", "hotspare: a", "drain"),
+    ("allocated", "", "hotspare: a", "drain"),
+    ("drained", "hotspare: a", "hotspare: a", None),          # already as wanted: no call
+    ("drained", "hotspare: a", "hotspare: b", "drain"),       # our drain, new reason: re-label
+    ("drained", "admin: bios", "hotspare: a", None),          # someone else's drain: leave it
+    ("draining", "hotspare: a", None, "resume"),
+    ("drained", "admin: bios", None, None),                   # never resume someone else's drain
+    ("idle", "", None, None),
+    ("down", "not responding", "hotspare: a", "drain"),
+])
+def test_plan_only_undoes_its_own_drains(state, reason, want, action):
+    assert plan(NodeState("n1", state, reason), want) == action
