@@ -127,9 +127,9 @@ def run_move(args: argparse.Namespace) -> int:
         if cmd == "uncordon" and before.state is State.QUARANTINED:
             raise ConfigError(
                 f"{args.device} is quarantined ({before.reason}): it returns to service only after "
-                f"passing diagnostics {reg.passes_required} times in a row "
-                f"({before.diagnostics_passes} so far); run the quarantine diagnostics "
-                f"('hotspare check'), or retire it")
+                f"passing the quarantine diagnostics {reg.passes_required} times in a row "
+                f"({before.diagnostics_passes} so far), which the coordinator runs while it is "
+                f"quarantined")
         after = getattr(reg, cmd)(args.device, reason=args.reason, actor="operator")
     except (HotspareError, ValueError) as e:
         return _fail(cmd, e)

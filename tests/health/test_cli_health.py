@@ -101,7 +101,7 @@ def test_refused_moves_exit_2_and_say_what_is_allowed(db):
     reg.quarantine("n1/gpu0", "xid 79", actor="rule:gpu-lost")
     out = hotspare("uncordon", "n1/gpu0", "--db", db)
     assert out.returncode == 2
-    assert "quarantined (xid 79): it returns to service only after passing diagnostics 2 times" in out.stderr
+    assert "quarantined (xid 79): it returns to service only after passing the quarantine diagnostics 2 times" in out.stderr
 
     reg.retire("n1/gpu1", "RMA 1234")
     out = hotspare("uncordon", "n1/gpu1", "--db", db)
