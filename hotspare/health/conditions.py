@@ -158,6 +158,7 @@ _TOKEN = re.compile(r"""\s*(?:
   | (?P<op><=|>=|==|!=|<|>|&|\(|\)|\{|\}|,)
   )""", re.VERBOSE)
 _CMP = ("<", "<=", ">", ">=", "==", "!=")
+_MAX_DEPTH = 50
 _KEYWORDS = ("and", "or", "not", "in", "true", "false")
 
 
@@ -194,6 +195,7 @@ class _Parser:
         self.tokens = _tokenize(text)
         self.i = 0
         self.constants = constants
+        self.depth = 0
 
     # -- token helpers
     def peek(self, k: int = 0) -> tuple[str, Any, int]:
@@ -204,9 +206,15 @@ class _Parser:
         self.i += 1
         return tok
 
+    def at(self, op: str) -> bool:
+        """Is the next token the punctuation ``op`` (not a quoted string that happens to spell it)?"""
+        tok = self.peek()
+        return tok[0] == "op" and tok[1] == op
+
     def expect(self, kind: str, what: str) -> tuple[str, Any, int]:
+        """The next token, which must be of ``kind`` ("num", "name") or the punctuation ``kind``."""
         tok = self.take()
-        if tok[0] != kind and tok[1] != kind:
+        if tok[0] != kind and not (tok[0] == "op" and tok[1] == kind):
             raise ConditionError(f"expected {what} at column {tok[2]}, found {_show(tok)}")
         return tok
 
@@ -233,13 +241,16 @@ class _Parser:
         return items[0] if len(items) == 1 else _And(tuple(items))
 
     def not_(self) -> Any:
-        if self.peek()[0] == "not":
-            self.take()
-            return _Not(self.not_())
-        if self.peek()[1] == "(":
-            self.take()
-            node = self.or_()
-            self.expect(")", "')'")
+        if self.peek()[0] == "not" or self.at("("):
+            self.depth += 1
+            if self.depth > _MAX_DEPTH:
+                raise ConditionError(f"the condition nests 'not' and parentheses more than {_MAX_DEPTH} deep")
+            if self.take()[0] == "not":
+                node = _Not(self.not_())
+            else:
+                node = self.or_()
+                self.expect(")", "')'")
+            self.depth -= 1
             return node
         return self.comparison()
 
@@ -276,10 +287,10 @@ class _Parser:
             if value not in self.constants:
                 raise ConditionError(f"unknown constant {value!r}; known: {', '.join(sorted(self.constants))}")
             return _Const(self.constants[value], "num")
-        if self.peek()[1] == "(":
+        if self.at("("):
             return self.call(value, col)
         metric = _metric_name(value)
-        if self.peek()[1] == "&":
+        if self.at("&"):
             self.take()
             if METRIC_KINDS[metric] != BITMASK:
                 raise ConditionError(f"'&' needs a bitmask metric ({', '.join(_of_kind(BITMASK))}), not {metric!r}")
@@ -322,11 +333,11 @@ class _Parser:
                 raise ConditionError(f"expected a number or 'string' in the set at column {col}, "
                                      f"found {_show((kind, value, col))}")
             sep = self.take()
-            if sep[1] == "}":
+            if sep[0] == "op" and sep[1] == "}":
                 return frozenset(values)
-            if sep[1] != ",":
+            if not (sep[0] == "op" and sep[1] == ","):
                 raise ConditionError(f"expected ',' or '}}' at column {sep[2]}, found {_show(sep)}")
-            if self.peek()[1] == "}":                          # trailing comma
+            if self.at("}"):                                   # trailing comma
                 self.take()
                 return frozenset(values)
 
@@ -430,6 +441,8 @@ class _Slot:
 
 def parse_condition(text: str, constants: Mapping[str, float] | None = None) -> Any:
     """The syntax tree of a ``when`` condition; ``constants`` names values such as ``policy.x``."""
+    if len(text) > 4000:
+        raise ConditionError(f"the condition is {len(text)} characters long; split it into several rules")
     return _Parser(text, constants or {}).condition()
 
 
