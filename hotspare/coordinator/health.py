@@ -27,6 +27,7 @@ from hotspare.health.registry import Registry
 from hotspare.health.rules import FleetState, RuleSet, apply_fleet_policies, evaluate, worst
 from hotspare.health.types import Reading, Verdict
 
+EVENT_METRICS = (T.FINGERPRINT_MISMATCH, T.NONFINITE)   # one-off runtime events
 STRAGGLER_WINDOW = 10      # steps of compute time per rank behind one straggler score
 
 
@@ -79,12 +80,15 @@ class HealthMonitor:
         hist = self.rules.trim(self.history.get(dev, []) + [reading], now)
         self.history[dev] = hist
         verdict = worst(evaluate(self.rules, hist, now))
+        events = {m: False for m in EVENT_METRICS if reading.metrics.get(m)}
+        if events:   # a vote is an event, not a state: the next reading must not find it again
+            hist.append(Reading(dev, reading.time, reading.source, events, reading.rank))
         if verdict is None or verdict.action == T.IGNORE:
             return None
         verdict = apply_fleet_policies([verdict], FleetState(len(self.devices), tuple(self.remediations)),
                                        now, self.rules.policy)[0]
-        if verdict.rank is None:
-            verdict = _with_rank(verdict, self.rank_on(dev))
+        # The rank on the device *now*: an old reading must never condemn the rank that replaced it.
+        verdict = _with_rank(verdict, self.rank_on(dev))
         said = f"{verdict.action}:{verdict.rule}"
         if self._said.get(dev) != said:          # say each new verdict once, not every poll
             self._said[dev] = said
@@ -109,15 +113,17 @@ class HealthMonitor:
         """Per-step compute time of one rank -> its straggler score against its peers.
 
         Each rank's compute times are taken in windows of STRAGGLER_WINDOW steps; at the end of
-        a window, score = median of the peers' last window medians / this rank's (1.0 typical,
-        < 1 slower). One reading per window, so the rules' ``held = N`` means N windows in a row:
-        a one-off blip, or a noisy neighbour for a few steps, moves nothing."""
+        a window, score = median of the peers' window minimums / this rank's (1.0 typical, < 1
+        slower). The minimum, not the mean: contention from neighbours only ever adds time, so
+        the fastest step of a window is the device's own speed (on this 2-core machine window
+        medians swing 2-5x between windows; minimums stay within ~15%). One reading per window,
+        so the rules' ``held = N`` means N windows in a row."""
         window = self.compute.setdefault(rank, collections.deque(maxlen=STRAGGLER_WINDOW))
         window.append(compute)
         dev = self.rank_device.get(rank)
         if dev is None or len(window) < STRAGGLER_WINDOW:
             return []
-        mine = statistics.median(window)
+        mine = min(window)
         window.clear()
         self.window_median[rank] = mine
         peers = [m for r, m in self.window_median.items() if r != rank and r in self.rank_device]
