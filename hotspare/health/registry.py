@@ -15,8 +15,8 @@ file that is not valid registry JSON, or that a newer hotspare wrote, raises ``R
 never reset silently.
 
 Change detection: the file carries a ``revision`` that every write increments, and each device
-record the revision of its last change, so a poller asks ``changed_since(last_revision)``. Reads are
-cached on the file's (inode, mtime, size), so polling an unchanged registry costs one ``stat``.
+record the revision of its last change, so a poller asks ``changed_since(last_revision)``. The
+parsed file is cached by its text, so polling an unchanged registry costs one read and no parse.
 
 Slurm: ``Registry(path, slurm="auto"|"on"|SlurmNodes(...))`` drains a node in Slurm while any of
 its devices is out of service and resumes it after (see ``hotspare.health.slurm``). What Slurm said
