@@ -86,7 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a rules file overriding the defaults by rule name (see docs/HEALTH.md, Rules)")
     h.add_argument("--health-db", metavar="FILE",
                    help="the device registry (lifecycle states, readings) shared with `hotspare health`; "
-                        "default: $HOTSPARE_HEALTH_DB, else a file of this run only")
+                        "default: $HOTSPARE_HEALTH_DB, else ~/.hotspare/health.json for real GPUs and a "
+                        "file of this run only for simulated devices. Under Slurm, a cordoned device "
+                        "drains its node (scontrol) until it is back in service")
     h.add_argument("--fingerprint-every", type=int, default=1, metavar="STEPS",
                    help="cross-replica parameter fingerprint vote every STEPS steps (0: off). Each vote "
                         "runs inside the gradient exchange before the update, so a corrupt replica is "
@@ -248,9 +250,10 @@ def _health_service(args, events: "queue.Queue", log):
         source = SimulatedSource(slots)
     devices = source.devices()[:slots] if source.name == "simulated" else source.devices()
     db = args.health_db or os.environ.get(ENV_PATH)
-    if db is None:
+    if db is None and source.name == "simulated":   # simulated devices are this run's own
         db = os.path.join(tempfile.mkdtemp(prefix="hotspare-health-"), "health.json")
-    registry = Registry(db)
+    registry = Registry(db, slurm="auto")             # real devices: the node's shared registry
+    db = str(registry.path)
     rules = getattr(args, "rules", None) or load_rules()
 
     def reset(device: str) -> None:        # what a GPU reset does to the simulated device
@@ -264,7 +267,8 @@ def _health_service(args, events: "queue.Queue", log):
     monitor = HealthMonitor(rules, registry, devices, log=log, diagnose=diagnose, reset=reset)
     poller = Poller(source, lambda readings: events.put(("readings", "", readings, time.time())),
                     period_s=args.telemetry_period)
-    log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db}")
+    log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db} "
+        f"(hotspare health --db {db})")
     return monitor, source, poller
 
 

@@ -47,6 +47,7 @@ class Coordinator:
         self.exit_code: int | None = None
         self.debug = bool(os.environ.get("HOTSPARE_DEBUG"))
         self.health = health                    # coordinator.health.HealthMonitor, or None
+        self._health_said: set[tuple[str, str]] = set()
         self.unplaced = 0                       # spares wanted but no usable device was free
 
     # ------------------------------------------------------------------ life cycle
@@ -198,7 +199,7 @@ class Coordinator:
             return policy.Done(worker, msg["rank"], msg["gen"], msg["step"], msg["digest"])
         raise ProtocolError(f"unexpected {kind!r} from a worker")
 
-    def _signal(self, sig: policy.Signal, t: float) -> None:
+    def _signal(self, sig: policy.Signal, t: float) -> policy.Decision:
         self.view.job_step = self.ledger.max_committed()
         policy.observe(self.view, sig)
         decision = policy.decide(self.view, sig, t)
@@ -211,6 +212,7 @@ class Coordinator:
             self.recovering_since = t
         elif self.view.phase != "recovering":
             self.recovering_since = None
+        return decision
 
     # ------------------------------------------------------------------ health
     def _readings(self, readings, t: float) -> None:
@@ -228,8 +230,13 @@ class Coordinator:
                 "time": round(t - self.ledger.started, 3), "device": verdict.device, "rank": verdict.rank,
                 "action": verdict.action, "rule": verdict.rule, "reason": verdict.reason,
                 "trust_memory": verdict.trust_memory, "source": reading.source})
-            self._signal(policy.HealthVerdict(verdict.device, verdict.rank, verdict.action, verdict.reason,
-                                              verdict.trust_memory, verdict.rule, step, worker), t)
+            decision = self._signal(policy.HealthVerdict(verdict.device, verdict.rank, verdict.action,
+                                                         verdict.reason, verdict.trust_memory, verdict.rule,
+                                                         step, worker), t)
+            said = (verdict.device, decision.reason.split(":")[0])
+            if not decision.actions and said not in self._health_said:   # e.g. no spare to move to
+                self._health_said.add(said)
+                self.log(f"HEALTH  {decision.reason}")
 
     # ------------------------------------------------------------------ bookkeeping
     def _on_commit(self, msg: dict[str, Any], t: float) -> None:
@@ -327,6 +334,9 @@ class Coordinator:
                 self.health.cordon(action.device, action.reason, action.rule, t, retire=action.retire)
         elif isinstance(action, policy.Release):
             self.ledger.outcome = "finished"
+            for m in self.ledger.migrations:
+                if m.outcome == "in flight":
+                    m.outcome = "not needed: training finished first"
             self._release_all(action.reason)
             self.exit_code = 0
         elif isinstance(action, policy.Stop):

@@ -1,0 +1,121 @@
+"""The health service end to end, with real processes: each injected health signal leads to its
+action, and the run still ends bitwise equal to the fault-free one, losing and repeating no step.
+
+thermal -> live migration (the rank hands its own state to a spare at a step boundary)
+uncorrectable ECC / Xid 79 -> failover from a healthy replica (the suspect's memory is not trusted)
+corrupt -> the fingerprint vote names the rank, its state is replaced from a replica
+nan -> the NaN is caught before the update and the rank replaced from a replica
+slow -> the straggler is migrated off its device
+"""
+import os
+
+import pytest
+
+from hotspare.health.lifecycle import State
+from hotspare.health.registry import Registry
+from hotspare.testing import run_job
+from hotspare.testing.local import REPO
+
+ARGS = ["--model", "tiny", "--steps", "60"]
+FAST = ["--telemetry", "simulated", "--telemetry-period", "0.2"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    result = run_job(ARGS, extra=FAST)
+    assert result.code == 0, result.output
+    r = result.report
+    assert r["failures_total"] == 0 and r["migrations_total"] == 0 and not r["health_events"], result.output
+    return result.digest
+
+
+def run(tmp_path, inject, extra=()):
+    db = tmp_path / "health.json"
+    result = run_job(ARGS, inject=inject, extra=[*FAST, "--health-db", str(db), *extra])
+    assert result.code == 0, result.output
+    return result, Registry(db)
+
+
+def assert_bitwise(result, reference):
+    r = result.report
+    assert r["final_state_digest"] == reference, "the run with a health fault diverged"
+    assert r["replicas_consistent"] and r["steps_completed"] == 60 and r["steps_repeated"] == 0
+    return r
+
+
+def states(registry, device):
+    return [t.dst.value for t in registry.get(device).history]
+
+
+def test_thermal_live_migrates_the_rank_and_quarantines_the_device(tmp_path, reference):
+    result, reg = run(tmp_path, ["thermal:rank=1:temp=92:step=10"])
+    r = assert_bitwise(result, reference)
+    assert r["failures_total"] == 0, "a live migration is not a failure"
+    (m,) = r["migrations"]
+    assert (m["rank"], m["rule"], m["outcome"], m["lost_steps"]) == (1, "temp-limit", "migrated", 0)
+    assert m["device"].endswith("/cpu1") and m["bytes_transferred"] > 0 and m["downtime_s"] > 0
+    assert "MIGRATED rank 1" in result.output and "handed over directly" in result.output
+    # cordoned -> draining -> quarantined -> diagnostics passed twice -> healthy again
+    assert states(reg, m["device"])[:3] == ["cordoned", "draining", "quarantined"]
+    assert reg.get(m["device"]).state == State.HEALTHY, result.output
+
+
+def test_uncorrectable_ecc_fails_over_from_a_replica(tmp_path, reference):
+    result, reg = run(tmp_path, ["ecc:rank=2:kind=uncorrectable:step=10"])
+    r = assert_bitwise(result, reference)
+    (f,) = r["failures"]
+    assert (f["kind"], f["rank"], f["recovery_path"], f["lost_steps"]) == ("health:ecc-uncorrectable", 2,
+                                                                            "memory", 0)
+    assert f["source_rank"] != 2 and f["detection_latency_s"] is not None
+    assert r["migrations_total"] == 0, "an untrusted memory is never the source of a migration"
+    assert "cordoned" in states(reg, f"{reg.devices()[0].node}/cpu2")
+
+
+def test_gpu_lost_xid_79_fails_over(tmp_path, reference):
+    result, _ = run(tmp_path, ["xid:rank=0:code=79:step=10"])
+    (f,) = assert_bitwise(result, reference)["failures"]
+    assert (f["kind"], f["rank"], f["lost_steps"]) == ("health:gpu-lost", 0, 0)
+
+
+def test_corrupt_parameter_is_found_by_the_fingerprint_vote(tmp_path, reference):
+    result, _ = run(tmp_path, ["corrupt:rank=3:step=20"])
+    (f,) = assert_bitwise(result, reference)["failures"]
+    assert (f["kind"], f["rank"], f["recovery_path"], f["lost_steps"]) == ("health:fingerprint-mismatch", 3,
+                                                                            "memory", 0)
+    assert f["source_rank"] != 3
+    assert "differ from the other 3 replicas" in result.output or "fingerprint" in result.output
+
+
+def test_nan_gradients_on_one_rank_never_reach_the_others(tmp_path, reference):
+    result, _ = run(tmp_path, ["nan:rank=1:step=20"])
+    (f,) = assert_bitwise(result, reference)["failures"]
+    assert (f["kind"], f["rank"], f["lost_steps"]) == ("health:nonfinite", 1, 0)
+
+
+def test_straggler_is_migrated_off_its_device(tmp_path, reference):
+    # The default asks for 5 windows of 10 steps in a row; a user rules file may be quicker.
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nname = "straggler"\nheld = 2\n')
+    result, _ = run(tmp_path, ["slow:rank=2:factor=2:step=2"], extra=["--health-rules", str(rules)])
+    r = assert_bitwise(result, reference)
+    assert r["failures_total"] == 0
+    (m,) = r["migrations"]
+    assert (m["rank"], m["rule"], m["lost_steps"]) == (2, "straggler", 0)
+
+
+def test_without_a_spare_a_hot_device_is_reported_not_moved(tmp_path, reference):
+    db = tmp_path / "health.json"
+    result = run_job(ARGS, spares=0, inject=["thermal:rank=1:temp=92:step=5"],
+                     extra=[*FAST, "--health-db", str(db)])
+    assert result.code == 0, result.output
+    assert result.digest == reference
+    assert result.report["migrations_total"] == 0 and result.report["health_events"]
+    assert "no warm spare" in result.output
+
+
+def test_nan_that_follows_the_rank_to_a_new_device_is_a_bug(tmp_path):
+    result = run_job(["30"], script=REPO / "tests" / "scripts" / "nan_data.py", extra=FAST,
+                     env={"NAN_RANK": "1", "NAN_STEP": "12"})
+    assert result.code == 1, result.output
+    assert "numerical problem in the script" in result.output
+    assert result.report["outcome"] == "stopped"
