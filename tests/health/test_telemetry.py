@@ -12,8 +12,15 @@ import pytest
 
 from hotspare.errors import ConfigError
 from hotspare.health import types as T
-from hotspare.health.telemetry import (DEVICE_ERROR, MONITOR_UNRESPONSIVE, NvmlSource, Poller,
-                                       SimulatedSource, TelemetrySource, auto_source)
+from hotspare.health.telemetry import (
+    DEVICE_ERROR,
+    MONITOR_UNRESPONSIVE,
+    NvmlSource,
+    Poller,
+    SimulatedSource,
+    TelemetrySource,
+    auto_source,
+)
 
 
 def by_device(readings):
@@ -275,9 +282,9 @@ def test_poller_polls_at_its_period():
     got = Collector()
     with Poller(SimulatedSource(2, node="n1"), got, period_s=0.1):
         time.sleep(0.75)
-    assert 5 <= len(got.batches) <= 9, len(got.batches)
+    assert 4 <= len(got.batches) <= 9, len(got.batches)     # 7 or 8 on an idle machine
     gaps = [b - a for a, b in zip(got.times, got.times[1:])]
-    assert 0.07 < sum(gaps) / len(gaps) < 0.16
+    assert 0.07 < sum(gaps) / len(gaps) < 0.2, gaps
     assert all(len(b) == 2 and MONITOR_UNRESPONSIVE not in b[0].metrics for b in got.batches)
 
 
@@ -294,7 +301,7 @@ def test_poller_reports_a_wedged_source_after_three_periods_then_recovers():
         assert poller.unresponsive is not None
         time.sleep(1.0)
     flagged = [b for b in got.batches if MONITOR_UNRESPONSIVE in b[0].metrics]
-    assert 0.28 <= first_report < 0.6
+    assert 0.28 <= first_report < 1.0, first_report          # 3 x 0.1 s, plus scheduling
     assert [r.device for r in flagged[0]] == ["n1/cpu0", "n1/cpu1"]
     assert "has not returned" in flagged[0][0].metrics[MONITOR_UNRESPONSIVE]
     assert 2 <= len(flagged) <= 6                     # repeated each period while stuck

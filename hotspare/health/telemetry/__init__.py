@@ -9,8 +9,12 @@ injector drives (``source.apply("host/cpu1", "thermal", temp=92)``).
 """
 from __future__ import annotations
 
-from hotspare.health.telemetry.base import (DEVICE_ERROR, MONITOR_UNRESPONSIVE, TelemetrySource,
-                                            default_node)
+from hotspare.health.telemetry.base import (
+    DEVICE_ERROR,
+    MONITOR_UNRESPONSIVE,
+    TelemetrySource,
+    default_node,
+)
 from hotspare.health.telemetry.nvml import NvmlSource
 from hotspare.health.telemetry.poller import DEFAULT_PERIOD_S, Poller
 from hotspare.health.telemetry.simulated import FAULTS, SimulatedSource
@@ -30,5 +34,15 @@ def auto_source(node: str | None = None, simulated_devices: int = 2) -> Telemetr
     return sim
 
 
-__all__ = ["TelemetrySource", "NvmlSource", "SimulatedSource", "Poller", "auto_source", "FAULTS",
-           "MONITOR_UNRESPONSIVE", "DEVICE_ERROR", "DEFAULT_PERIOD_S", "default_node"]
+__all__ = [
+    "DEFAULT_PERIOD_S",
+    "DEVICE_ERROR",
+    "FAULTS",
+    "MONITOR_UNRESPONSIVE",
+    "NvmlSource",
+    "Poller",
+    "SimulatedSource",
+    "TelemetrySource",
+    "auto_source",
+    "default_node",
+]

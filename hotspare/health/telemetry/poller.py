@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from hotspare.errors import ConfigError
 from hotspare.health.telemetry.base import MONITOR_UNRESPONSIVE, TelemetrySource
@@ -69,7 +69,7 @@ class Poller:
             log.warning("telemetry %s: devices() raised %s; devices are learnt from readings", source.name, e)
             self._devices = []
 
-    def start(self) -> "Poller":
+    def start(self) -> Poller:
         if self._thread is not None:
             raise RuntimeError("poller already started")
         self._thread = threading.Thread(target=self._run, name=f"hotspare-poller-{self.source.name}",
@@ -82,7 +82,7 @@ class Poller:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def __enter__(self) -> "Poller":
+    def __enter__(self) -> Poller:
         return self.start()
 
     def __exit__(self, *exc) -> None:
