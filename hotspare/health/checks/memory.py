@@ -32,6 +32,7 @@ PATTERNS = ("zeros", "ones", "walking-ones", "walking-zeros", "address", "addres
 FLIP_BIT = 13
 INJECTIONS = ("bitflip",)
 CHUNK_WORDS = 1 << 24          # 64 MiB of int32 per chunk for the address patterns
+FREE_SHARE = 0.8               # on a GPU, never ask for more than this share of the free memory
 
 
 def _i32(v: int) -> int:
@@ -55,6 +56,13 @@ def memory_test(device: str, torch_device: str = "cpu", *, nbytes: int, inject: 
     t_begin = time.perf_counter()
     dev = torch.device(torch_device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    capped = ""
+    if dev.type == "cuda":      # a size preset larger than this GPU: test what it can hold
+        free, _total = torch.cuda.mem_get_info(dev)
+        limit = int(free * FREE_SHARE) // 4
+        if words > limit:
+            capped = f" (capped from {words * 4 / 2**20:.0f} MiB to {FREE_SHARE:.0%} of the free memory)"
+            words = limit
     buf = torch.empty(words, dtype=torch.int32, device=dev)
     errors: dict[str, int] = {}
     first: tuple | None = None
@@ -133,6 +141,6 @@ def memory_test(device: str, torch_device: str = "cpu", *, nbytes: int, inject: 
                   f"at byte offset {offset}: wrote 0x{want:08x}, read 0x{got:08x} "
                   f"(bit{'s' if len(flipped) > 1 else ''} {', '.join(map(str, flipped))} flipped)")
         return CheckResult("memory", device, False, detail, m, elapsed)
-    detail = (f"{passes} pattern passes over {words * 4 / 2**20:.0f} MiB "
+    detail = (f"{passes} pattern passes over {words * 4 / 2**20:.0f} MiB{capped} "
               f"({', '.join(patterns)}): every word read back exactly as written")
     return CheckResult("memory", device, True, detail, m, elapsed)
