@@ -144,3 +144,11 @@ def test_dcgm_diag_absent_is_skipped_and_a_stand_in_binary_is_run(tmp_path, monk
     cpu = dcgm_diag("t1/cpu0", None, level=1)
     assert cpu.skipped and "GPUs only" in cpu.detail
     assert os.environ["PATH"] == str(tmp_path)
+
+
+def test_workers_that_overrun_the_timeout_are_killed_and_every_check_fails_saying_so():
+    reports = run_admission(2, kind="cpu", node="t1", timeout_s=0.3, progress=lambda line: None)
+    for r in reports:
+        assert not r.passed
+        assert [c.name for c in r.results] == list(CHECKS)
+        assert any("timed out after 0.3 s" in why for why in r.reasons), r.reasons
