@@ -243,7 +243,9 @@ class Coordinator:
         rank, step = msg["rank"], msg["step"]
         self.progress_at = max(self.progress_at, t)
         self.committed_in_gen = True
-        recovered = self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t)
+        check, fp = (msg.get(k) if isinstance(msg.get(k), (int, float)) else None for k in ("check", "fp"))
+        recovered = self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t,
+                                       check, fp)
         if recovered:
             for m in self.ledger.migrations:
                 if m.generation == msg["gen"] and m.first_commit_at == t:
@@ -323,9 +325,11 @@ class Coordinator:
         elif isinstance(action, policy.StartSpares):
             self._spawn_spares(action.count)
         elif isinstance(action, policy.Pause):
+            worker = self.view.members[action.rank]
+            injected = self.injected_at.get(worker)
             self.ledger.migrations.append(MigrationRecord(
-                action.rank, action.device, action.rule, action.reason, t, action.spare,
-                self.view.members[action.rank]))
+                action.rank, action.device, action.rule, action.reason, t, action.spare, worker,
+                fault_at=injected[1] if injected else None))
             self.log(f"MIGRATE {action.reason}")
             for r, w in self.view.members.items():
                 self.agent.send(w, make("pause", gen=action.gen, reason=action.reason))

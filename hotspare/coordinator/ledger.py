@@ -70,6 +70,7 @@ class MigrationRecord:
     signal_at: float                  # when the verdict was acted on (the pause was asked)
     spare: str
     worker: str                       # the worker that left
+    fault_at: float | None = None     # injected faults: when the device started to degrade
     paused_at: float | None = None    # every rank stopped at the boundary
     generation: int | None = None
     target_step: int | None = None
@@ -85,6 +86,7 @@ class MigrationRecord:
         d["downtime_s"] = (None if self.first_commit_at is None
                            else round(self.first_commit_at - self.signal_at, 6))
         d["pause_s"] = None if self.paused_at is None else round(self.paused_at - self.signal_at, 6)
+        d["detection_latency_s"] = None if self.fault_at is None else round(self.signal_at - self.fault_at, 6)
         return d
 
 
@@ -96,6 +98,8 @@ class Ledger:
     seen: set[tuple[int, int]] = field(default_factory=set)        # (rank, step) committed
     repeated: set[int] = field(default_factory=set)                # steps committed twice by a rank
     step_times: list[float] = field(default_factory=list)
+    check_times: list[float] = field(default_factory=list)         # rank 0's health checks per step
+    fingerprint_times: list[float] = field(default_factory=list)   # ... of which the fingerprint
     failures: list[FailureRecord] = field(default_factory=list)
     open: list[FailureRecord] = field(default_factory=list)        # awaiting their first commit
     digests: dict[int, str] = field(default_factory=dict)
@@ -107,7 +111,8 @@ class Ledger:
     outcome: str = "running"
     message: str = ""
 
-    def commit(self, rank: int, step: int, dt: float, gen: int, world: int, now: float) -> bool:
+    def commit(self, rank: int, step: int, dt: float, gen: int, world: int, now: float,
+               check: float | None = None, fp: float | None = None) -> bool:
         """Record a commit; True when it completes the first step of a recovered generation."""
         if (rank, step) in self.seen:
             self.repeated.add(step)
@@ -115,6 +120,10 @@ class Ledger:
         self.commits[rank] = max(self.commits.get(rank, -1), step)
         if rank == 0:
             self.step_times.append(dt)
+            if check is not None:
+                self.check_times.append(check)
+            if fp is not None:
+                self.fingerprint_times.append(fp)
         closing = [f for f in self.open if f.generation == gen and f.target_step is not None
                    and step == f.target_step + 1]
         moving = [m for m in self.migrations if m.generation == gen and m.first_commit_at is None
@@ -158,4 +167,8 @@ class Ledger:
             "devices": self.devices,
             "wall_time_s": round(time.time() - self.started, 3),
             "median_step_time_s": round(statistics.median(self.step_times), 6) if self.step_times else None,
+            # the per-step health vote (fingerprint, NaN check) inside the gradient exchange
+            "median_health_check_s": round(statistics.median(self.check_times), 6) if self.check_times else None,
+            "median_fingerprint_s": (round(statistics.median(self.fingerprint_times), 6)
+                                     if self.fingerprint_times else None),
         }

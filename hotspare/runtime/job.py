@@ -45,7 +45,7 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
 from hotspare.runtime.persist import Persister
 from hotspare.runtime.state import StateRegistry
-from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, row, tally
+from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, row, tally, word_views
 from hotspare.transfer import broadcast_state
 
 ENV_AGENT = "HOTSPARE_AGENT"          # host:port of the node agent; its presence means "managed"
@@ -107,7 +107,7 @@ class Job:
         self._persist = Persister(self.registry)
         # In-process health signals (see runtime/vote.py).
         self.fingerprint_every = int(os.environ.get(ENV_FINGERPRINT_EVERY, "1"))
-        self._params: list[torch.Tensor] | None = None
+        self._params: list[torch.Tensor] | None = None   # integer views for the fingerprint
         self._nonfinite = False
         self._health: VoteResult | None = None   # this step's failed vote
         self._exchange_t: float | None = None    # when this step reached the gradient exchange
@@ -116,6 +116,7 @@ class Job:
         self._faults: "queue.Queue[dict[str, Any]]" = queue.Queue()   # injected worker faults
         self._slow = 1.0
         self._nan_pending = False
+        self._check_s = self._vote_s = self._fp_s = 0.0
 
     # ------------------------------------------------------------------ set-up
     def _init(self) -> None:
@@ -223,6 +224,9 @@ class Job:
         self._current = step
         self._comm_error = None
         self._nonfinite, self._health, self._exchange_t = False, None, None
+        self._check_s = 0.0      # this step's health checks on this rank (NaN sums, fingerprint)
+        self._vote_s = 0.0       # ... and in the vote's all-reduce (mostly waiting for the slowest rank)
+        self._fp_s = 0.0         # ... of which the parameter fingerprint
         while not self._faults.empty():
             self._apply_fault(self._faults.get())
         self._step_t0 = time.perf_counter()
@@ -244,7 +248,7 @@ class Job:
                 exch = self._exchange_t if self._exchange_t is not None else now
                 self._channel.send(make("commit", gen=self.generation, rank=self.rank, step=step,
                                         dt=dt, metrics=self._metrics, compute=exch - self._step_t0,
-                                        comm=now - exch))
+                                        comm=now - exch, check=self._check_s, vote=self._vote_s, fp=self._fp_s))
                 if self.rank == 0:
                     self._report_checkpoint(self._persist.after_commit(step))
             elif self.rank == 0 and self._metrics:
@@ -304,6 +308,13 @@ class Job:
 
     def _inspect_bucket(self, buf: torch.Tensor, last: bool) -> HealthFault | None:
         """Per gradient bucket, before it is reduced: note NaN/Inf; on the last bucket, vote."""
+        t0, vote0 = time.perf_counter(), self._vote_s
+        try:
+            return self._inspect(buf, last)
+        finally:
+            self._check_s += time.perf_counter() - t0 - (self._vote_s - vote0)
+
+    def _inspect(self, buf: torch.Tensor, last: bool) -> HealthFault | None:
         if self._nan_pending:        # injected `nan`: this rank's gradients of this step break
             self._nan_pending = False
             buf.view(-1)[0] = float("nan")
@@ -313,12 +324,16 @@ class Job:
             return None
         step = self._current
         with_fp = self.fingerprint_every > 0 and step % self.fingerprint_every == 0
-        if self._params is None:
-            self._params = [p for ddp in self._ddps for p in ddp.module.parameters()]
-        fp = fingerprint(self._params) if with_fp else 0
+        if self._params is None:     # rebuilt after every join: a sync may have replaced tensors
+            self._params = word_views(p for ddp in self._ddps for p in ddp.module.parameters())
+        t_fp = time.perf_counter()
+        fp = fingerprint(views=self._params) if with_fp else 0
+        self._fp_s = time.perf_counter() - t_fp
         table = row(self.world_size, self.rank, fp, self._nonfinite, self._pause_gen == self.generation)
         if self.world_size > 1:
+            t_vote = time.perf_counter()     # the wait for the slowest rank is not the check's cost
             dist.all_reduce(table)
+            self._vote_s += time.perf_counter() - t_vote
         result = tally(table, step, with_fp)
         if result.failed:
             self._health = result
@@ -395,6 +410,7 @@ class Job:
         self._teardown()
         t0 = time.perf_counter()
         self.generation, self.rank, self.world_size = msg["gen"], msg["rank"], msg["world"]
+        self._params = None
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
         self._channel.send(make("joining", gen=self.generation, rank=self.rank))
         join_timeout = float(msg.get("join_timeout") or os.environ.get(ENV_JOIN_TIMEOUT, 5.0))

@@ -16,8 +16,8 @@ same table and reaches the same verdict without another round trip:
 * a pause request (a live migration) makes every rank stop after this same step.
 
 The fingerprint is a wrapping int64 word-sum of the parameters' bytes: any single flipped bit
-changes it, it costs one pass over the parameters (~1 ms per 5M float32 parameters on one CPU
-core), and it needs no hashing library. It is not a cryptographic hash; two corruptions could in
+changes it, it costs one pass over the parameters (~0.25 ms for the 0.9M-parameter example GPT,
+~1.2 ms for the 4.9M one, on one CPU core), and it needs no hashing library. It is not a cryptographic hash; two corruptions could in
 principle cancel, which a vote at every step makes vanishingly unlikely.
 """
 from __future__ import annotations
@@ -55,18 +55,31 @@ class VoteResult:
         return bool(self.suspects)
 
 
-def fingerprint(tensors: Iterable[torch.Tensor]) -> int:
-    """Wrapping 64-bit word-sum of the tensors' bytes, as a signed int64."""
-    total = 0
+_VIEWS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
+
+
+def word_views(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Integer views of the tensors' bytes (no copies), built once and reused every step."""
+    views = []
     for t in tensors:
         flat = t.detach().reshape(-1)
-        if flat.numel() == 0:
-            continue
-        if (flat.numel() * flat.element_size()) % 8 == 0:
-            total += int(flat.view(torch.int64).sum())
-        else:
-            total += int(flat.view(torch.uint8).to(torch.int64).sum())
-        total &= _MASK
+        nbytes = flat.numel() * flat.element_size()
+        if nbytes:
+            views.append(flat.view(next(d for w, d in _VIEWS if nbytes % w == 0)))
+    return views
+
+
+def fingerprint(tensors: Iterable[torch.Tensor] | None = None, *, views: list[torch.Tensor] | None = None) -> int:
+    """Wrapping 64-bit word-sum of the tensors' bytes, as a signed int64.
+
+    Integer addition wraps, so the kernel's summation order does not matter and every replica
+    computes the same value; one reduction per tensor and a single sync at the end (a Python
+    int per tensor would cost more than the sums themselves)."""
+    views = word_views(tensors) if views is None else views
+    if not views:
+        return 0
+    sums = [v.sum() if v.dtype == torch.int64 else v.sum(dtype=torch.int64) for v in views]
+    total = int(torch.stack(sums).sum()) & _MASK
     return total - (1 << 64) if total >= 1 << 63 else total
 
 
