@@ -13,7 +13,11 @@ the point (this machine is noisy; absolute times are context):
 2. steady-state per-step overhead of hotspare against the same script under plain torchrun
    (median step time, runs interleaved A/B/A/B so drift hits both);
 3. state-transfer throughput of hotspare's bucketed, checksummed broadcast against one raw gloo
-   broadcast of the same number of bytes.
+   broadcast of the same number of bytes;
+4. live migration (health service): downtime from the verdict to the next committed step, for a
+   degrading device (thermal) and a straggler, next to a SIGKILL failover at the same step;
+5. the cost of the per-step health vote: the parameter fingerprint and NaN check measured inside
+   the runtime as a share of the step, and end to end with the fingerprint off vs on (A/B/A/B).
 """
 from __future__ import annotations
 
@@ -173,6 +177,62 @@ def transfer(model: str, reps: int) -> dict:
             "raw_GBps": data["bytes"] / r / 1e9, "ratio": r / h}
 
 
+# ---------------------------------------------------------------------------- 4. live migration
+MIGRATIONS = {
+    "thermal (92 C) -> migrate": (["thermal:rank=1:temp=92:step={s}"], []),
+    "straggler (2x slower) -> migrate": (["slow:rank=1:factor=2:step={s}"], ["straggler_held"]),
+    "SIGKILL -> failover (for comparison)": (["kill:rank=1:step={s}"], []),
+}
+
+
+def migration(model: str, steps: int) -> dict[str, dict]:
+    out = {}
+    s = steps // 4
+    with tempfile.TemporaryDirectory() as tmp:
+        rules = os.path.join(tmp, "rules.toml")
+        with open(rules, "w") as f:           # 2 windows of 10 steps, so it fits in a short run
+            f.write('[[rule]]\nname = "straggler"\nheld = 2\n')
+        for name, (specs, opts) in MIGRATIONS.items():
+            extra = ["--telemetry", "simulated", "--telemetry-period", "0.5"]
+            if "straggler_held" in opts:
+                extra += ["--health-rules", rules]
+            r = run_job(["--model", model, "--steps", str(steps)], inject=[x.format(s=s) for x in specs],
+                        extra=extra, timeout=1800)
+            assert r.code == 0 and r.report, r.output[-3000:]
+            rep = r.report
+            if rep["migrations"]:
+                m = rep["migrations"][0]
+                out[name] = {"detect_s": m["detection_latency_s"], "downtime_s": m["downtime_s"],
+                             "pause_s": m["pause_s"], "transfer_s": m["transfer_s"],
+                             "lost_steps": m["lost_steps"], "outcome": m["outcome"]}
+            else:
+                f = rep["failures"][0]
+                out[name] = {"detect_s": f["detection_latency_s"], "downtime_s": f["downtime_s"],
+                             "pause_s": None, "transfer_s": f["phases_s"]["transfer_state"],
+                             "lost_steps": f["lost_steps"], "outcome": f["recovery_path"]}
+            out[name]["step_s"] = rep["median_step_time_s"]
+    return out
+
+
+# ---------------------------------------------------------------------------- 5. health-vote cost
+def vote_cost(model: str, steps: int, rounds: int) -> dict:
+    inside, on, off = [], [], []
+    args = ["--model", model, "--steps", str(steps)]
+    for _ in range(rounds):
+        for every, sink in (("0", off), ("1", on)):
+            r = run_job(args, extra=["--fingerprint-every", every], timeout=1800)
+            assert r.code == 0 and r.report, r.output[-3000:]
+            sink.append(r.report["median_step_time_s"])
+            if every == "1":
+                inside.append((r.report["median_fingerprint_s"], r.report["median_health_check_s"],
+                               r.report["median_step_time_s"]))
+    fp_share = statistics.median(fp / st for fp, _, st in inside)
+    check_share = statistics.median(ck / st for _, ck, st in inside)
+    return {"fingerprint_share": fp_share, "all_checks_share": check_share,
+            "fingerprint_s": statistics.median(fp for fp, _, _ in inside),
+            "step_on_s": on, "step_off_s": off, "ab_ratio": statistics.median(a / b for a, b in zip(on, off))}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="1m model, fewer steps and rounds")
@@ -208,12 +268,34 @@ def main() -> None:
     tr = transfer(model, reps)
     print(f"   {tr['bytes'] / 1e6:.1f} MB: hotspare {tr['hotspare_GBps']:.2f} GB/s, raw {tr['raw_GBps']:.2f} GB/s")
 
+    print("\n4. live migration: downtime from the health verdict to the next committed step", flush=True)
+    mig = migration(model, 80 if args.quick else 120)
+    print(f"   {'signal':<38} {'detect':>8} {'pause':>8} {'transfer':>9} {'downtime':>9} {'lost':>5}  outcome")
+    for name, m in mig.items():
+        det = f"{1000 * m['detect_s']:.0f} ms" if m["detect_s"] is not None else "-"
+        pause = f"{1000 * m['pause_s']:.0f} ms" if m["pause_s"] is not None else "-"
+        print(f"   {name:<38} {det:>8} {pause:>8} {1000 * m['transfer_s']:>6.0f} ms {m['downtime_s']:>7.2f} s "
+              f"{m['lost_steps']:>5}  {m['outcome']}")
+
+    print("\n5. cost of the per-step health vote (fingerprint every step, the default)", flush=True)
+    vc = vote_cost(model, steps // 2 if args.quick else steps, rounds)
+    for a, b in zip(vc["step_off_s"], vc["step_on_s"]):
+        print(f"   fingerprint off {1000 * a:7.1f} ms   on {1000 * b:7.1f} ms   ratio {b / a:.4f}")
+    print(f"   measured inside the step: fingerprint {1000 * vc['fingerprint_s']:.2f} ms = "
+          f"{100 * vc['fingerprint_share']:.3f}% of the step; all checks (fingerprint + NaN scan) "
+          f"{100 * vc['all_checks_share']:.3f}%")
+
     print("\nsummary")
     print(f"   median downtime per failure        {med_down:.2f} s   (target < 2 s)")
     print(f"   hotspare / torchrun step time      {ov['ratio']:.4f}   (target < 1.005)")
     print(f"   transfer throughput / raw          {tr['ratio']:.2f}     (target >= 0.80)")
+    thermal = mig["thermal (92 C) -> migrate"]["downtime_s"]
+    kill = mig["SIGKILL -> failover (for comparison)"]["downtime_s"]
+    print(f"   live migration downtime (thermal)  {thermal:.2f} s   ({thermal / kill:.2f}x a SIGKILL failover)")
+    print(f"   fingerprint share of step time     {100 * vc['fingerprint_share']:.3f}%  (target < 0.5%)")
     if args.json:
-        json.dump({"failures": fails, "kinds": kinds, "overhead": ov, "transfer": tr},
+        json.dump({"failures": fails, "kinds": kinds, "overhead": ov, "transfer": tr, "migration": mig,
+                   "vote_cost": vc},
                   open(args.json, "w"), indent=2)
 
 

@@ -119,3 +119,40 @@ def test_nan_that_follows_the_rank_to_a_new_device_is_a_bug(tmp_path):
     assert result.code == 1, result.output
     assert "numerical problem in the script" in result.output
     assert result.report["outcome"] == "stopped"
+
+
+def test_operator_drain_moves_the_rank_off_a_running_job(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    args = ["--model", "tiny", "--steps", "200"]
+    ref = run_job(args, extra=FAST)
+    assert ref.code == 0, ref.output
+    db, report = tmp_path / "health.json", tmp_path / "report.json"
+    proc = subprocess.Popen([sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1", *FAST,
+                             "--health-db", str(db), "--report", str(report), "--", str(REPO / "examples" /
+                             "gpt_stdlib.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "START" in line:
+            drain = subprocess.run([sys.executable, "-m", "hotspare", "drain", "--db", str(db),
+                                    f"{Registry(db).devices()[0].node}/cpu2", "--reason", "fan replacement"],
+                                   capture_output=True, text=True)
+            assert drain.returncode == 0, drain.stdout + drain.stderr
+            break
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=300) == 0, "".join(lines)
+    r = json.loads(report.read_text())
+    (m,) = r["migrations"]
+    assert (m["rank"], m["rule"], m["outcome"], m["lost_steps"]) == (2, "operator-drain", "migrated", 0)
+    assert r["final_state_digest"] == ref.digest and r["steps_repeated"] == 0
+
+
+def test_admission_checks_run_before_the_devices_take_work():
+    result = run_job(["--model", "tiny", "--steps", "5"], nproc=1, spares=1,
+                     extra=[*FAST, "--admission", "small"])
+    assert result.code == 0, result.output
+    assert result.output.count("ADMISSION") == 3 and ": pass" in result.output

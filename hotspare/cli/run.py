@@ -89,6 +89,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "default: $HOTSPARE_HEALTH_DB, else ~/.hotspare/health.json for real GPUs and a "
                         "file of this run only for simulated devices. Under Slurm, a cordoned device "
                         "drains its node (scontrol) until it is back in service")
+    h.add_argument("--admission", choices=("off", "small", "full"), default="off",
+                   help="admission checks before devices take work (inventory, burn-in against a float64 "
+                        "reference, throughput vs peers, memory patterns, all-reduce bandwidth; see "
+                        "`hotspare check admission`); a device that fails is quarantined and gets no "
+                        "worker (default: off)")
     h.add_argument("--fingerprint-every", type=int, default=1, metavar="STEPS",
                    help="cross-replica parameter fingerprint vote every STEPS steps (0: off). Each vote "
                         "runs inside the gradient exchange before the update, so a corrupt replica is "
@@ -178,7 +183,11 @@ def run(args: argparse.Namespace) -> int:
                    HOTSPARE_CHECKPOINT_SECONDS=str(args.checkpoint_seconds))   # like torchrun: one compute thread per worker
     env["HOTSPARE_FINGERPRINT_EVERY"] = str(args.fingerprint_every)
     events: queue.Queue = queue.Queue()
-    health, source, poller = _health_service(args, events, log)
+    try:
+        health, source, poller = _health_service(args, events, log)
+    except ConfigError as e:
+        print(f"hotspare run: error: {e}", file=sys.stderr)
+        return 2
     agent = NodeAgent([sys.executable, args.script, *args.script_args], env, events, Injector(faults),
                       devices=health.devices if health else None,
                       usable=health.usable if health else (lambda d: True),
@@ -265,11 +274,33 @@ def _health_service(args, events: "queue.Queue", log):
         return diagnose_device(device, source, rules)
 
     monitor = HealthMonitor(rules, registry, devices, log=log, diagnose=diagnose, reset=reset)
+    if args.admission != "off":
+        _admit(args.admission, devices, registry, log)
     poller = Poller(source, lambda readings: events.put(("readings", "", readings, time.time())),
                     period_s=args.telemetry_period)
     log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db} "
         f"(hotspare health --db {db})")
     return monitor, source, poller
+
+
+def _admit(size: str, devices: list[str], registry, log) -> None:
+    """Admission checks of this node's devices; a failing one is quarantined before any work."""
+    from hotspare.health.checks.admission import run_admission
+    from hotspare.health.types import node_of
+    kind = "gpu" if "/gpu" in devices[0] else "cpu"
+    log(f"ADMISSION {len(devices)} {kind} device(s), size {size}")
+    try:
+        reports = run_admission(len(devices), size=size, kind=kind, node=node_of(devices[0]),
+                                progress=lambda line: None)
+    except ConfigError as e:
+        raise ConfigError(f"--admission: {e}") from None
+    for report in reports:
+        if report.passed:
+            log(f"ADMISSION {report.device}: pass")
+        else:
+            reason = "; ".join(report.reasons)
+            registry.quarantine(report.device, f"failed admission: {reason}", actor="rule:admission")
+            log(f"ADMISSION {report.device}: FAIL ({reason}): quarantined, it gets no work")
 
 
 def _device_fault(source, log):

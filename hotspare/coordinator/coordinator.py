@@ -48,6 +48,7 @@ class Coordinator:
         self.debug = bool(os.environ.get("HOTSPARE_DEBUG"))
         self.health = health                    # coordinator.health.HealthMonitor, or None
         self._health_said: set[tuple[str, str]] = set()
+        self._operator_polled = 0.0
         self.unplaced = 0                       # spares wanted but no usable device was free
 
     # ------------------------------------------------------------------ life cycle
@@ -122,6 +123,11 @@ class Coordinator:
     def _tick(self, now: float) -> None:
         if self.view.phase not in ("running", "recovering"):
             return
+        if self.health is not None and now - self._operator_polled >= 1.0:
+            self._operator_polled = now
+            for verdict in self.health.operator_requests():
+                self.log(f"OPERATOR {verdict.device}: {verdict.reason}")
+                self._act_on(verdict, now, "registry")
         while self.unplaced and self.agent.free_devices():
             self.unplaced -= 1
             if self.agent.spawn("spare") is None:
@@ -223,20 +229,23 @@ class Coordinator:
     def _health_readings(self, readings, t: float, step: int | None = None) -> None:
         for reading in readings:
             verdict = self.health.observe(reading, t)
-            if verdict is None:
-                continue
-            worker = self.view.members.get(verdict.rank, "") if verdict.rank is not None else ""
-            self.ledger.health_events.append({
-                "time": round(t - self.ledger.started, 3), "device": verdict.device, "rank": verdict.rank,
-                "action": verdict.action, "rule": verdict.rule, "reason": verdict.reason,
-                "trust_memory": verdict.trust_memory, "source": reading.source})
-            decision = self._signal(policy.HealthVerdict(verdict.device, verdict.rank, verdict.action,
-                                                         verdict.reason, verdict.trust_memory, verdict.rule,
-                                                         step, worker), t)
-            said = (verdict.device, decision.reason.split(":")[0])
-            if not decision.actions and said not in self._health_said:   # e.g. no spare to move to
-                self._health_said.add(said)
-                self.log(f"HEALTH  {decision.reason}")
+            if verdict is not None:
+                self._act_on(verdict, t, reading.source, step)
+
+    def _act_on(self, verdict, t: float, source: str, step: int | None = None) -> None:
+        """A verdict becomes a signal for the pure policy, like any failure."""
+        worker = self.view.members.get(verdict.rank, "") if verdict.rank is not None else ""
+        self.ledger.health_events.append({
+            "time": round(t - self.ledger.started, 3), "device": verdict.device, "rank": verdict.rank,
+            "action": verdict.action, "rule": verdict.rule, "reason": verdict.reason,
+            "trust_memory": verdict.trust_memory, "source": source})
+        decision = self._signal(policy.HealthVerdict(verdict.device, verdict.rank, verdict.action,
+                                                     verdict.reason, verdict.trust_memory, verdict.rule,
+                                                     step, worker), t)
+        said = (verdict.device, decision.reason.split(":")[0])
+        if not decision.actions and said not in self._health_said:   # e.g. no spare to move to
+            self._health_said.add(said)
+            self.log(f"HEALTH  {decision.reason}")
 
     # ------------------------------------------------------------------ bookkeeping
     def _on_commit(self, msg: dict[str, Any], t: float) -> None:

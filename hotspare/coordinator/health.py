@@ -44,12 +44,14 @@ class HealthMonitor:
         self.diagnose, self.reset, self.passes = diagnose, reset, diagnostics_passes
         self.diagnosing: set[str] = set()
         self.retiring: set[str] = set()
-        self._threads: list[threading.Thread] = []         # a repeat offender: retire once drained
+        self._threads: list[threading.Thread] = []
+        self._revision = 0         # a repeat offender: retire once drained
         self._said: dict[str, str] = {}
         for d in self.devices:
             self.registry.ensure(d)
             for t, _ in ((x, d) for x in self.registry.get(d).remediations):
                 self.remediations.append((t, d))
+        self._revision = self.registry.revision()
 
     # ------------------------------------------------------------------ devices
     def usable(self, device: str) -> bool:
@@ -141,6 +143,20 @@ class HealthMonitor:
             dev = self.rank_device.get(rank)
             if dev is not None:
                 out.append(Reading(dev, t, "runtime", {metric: True}, rank=rank))
+        return out
+
+    def operator_requests(self) -> list[Verdict]:
+        """Operator commands given while the job runs (``hotspare drain DEVICE``): a drained
+        device whose rank still runs there gets that rank live-migrated off it. (A cordon alone
+        only stops new work, as in Kubernetes.)"""
+        self._revision, changed = self.registry.changed_since(self._revision)
+        out = []
+        for rec in changed:
+            rank = self.rank_on(rec.device)
+            if rec.device in self.devices and rec.state == State.DRAINING and rec.actor == "operator" \
+                    and rank is not None:
+                out.append(Verdict(rec.device, T.MIGRATE, "operator-drain",
+                                   f"drained by the operator: {rec.reason}", True, rank))
         return out
 
     # ------------------------------------------------------------------ lifecycle
