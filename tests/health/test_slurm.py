@@ -54,7 +54,11 @@ def wait_state(node, wanted, timeout=30.0):
 @pytest.fixture(scope="session")
 def hotspare_slurm_node():
     """The test cluster's one node name; starts the cluster if needed and stops what it started."""
-    missing = [b for b in ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "munged") if not shutil.which(b)]
+    binaries = ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "munged")
+    missing = [b for b in binaries if not shutil.which(b)]
+    if missing and os.geteuid() == 0:      # a fresh machine: install them (apt-get), as CI does
+        _sh(str(REPO / ".ci" / "slurm-up"), "--install-only", timeout=900)
+        missing = [b for b in binaries if not shutil.which(b)]
     if missing:
         pytest.fail(f"Slurm is not installed here (missing {', '.join(missing)}): run `.ci/slurm-up` as "
                     f"root; it installs slurm-wlm and munge with apt-get and starts a one-node test "
