@@ -237,14 +237,42 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="1m model, fewer steps and rounds")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--sections", default="1,2,3,4,5", metavar="LIST",
+                   help="which sections to run, e.g. 4,5 (default: all; the summary shows what ran)")
     args = p.parse_args()
+    try:
+        sections = {int(x) for x in args.sections.split(",")}
+    except ValueError:
+        p.error(f"--sections {args.sections!r}: a comma-separated list of 1..5")
+    if not sections or not sections <= {1, 2, 3, 4, 5}:
+        p.error(f"--sections {args.sections!r}: a comma-separated list of 1..5")
     model = "1m" if args.quick else "5m"
     steps, rounds, reps = (60, 2, 5) if args.quick else (150, 3, 10)
     print(f"model {model}, 4 ranks + 1 spare, CPU/gloo, {os.cpu_count()} cores", flush=True)
 
+    results: dict = {}
+    summary: list[str] = []
+    if 1 in sections:
+        _section1(model, steps, args.quick, results, summary)
+    if 2 in sections:
+        _section2(model, steps, rounds, results, summary)
+    if 3 in sections:
+        _section3(model, reps, results, summary)
+    if 4 in sections:
+        _section4(model, args.quick, results, summary)
+    if 5 in sections:
+        _section5(model, steps, rounds, args.quick, results, summary)
+    print("\nsummary")
+    for line in summary:
+        print(line)
+    if args.json:
+        json.dump(results, open(args.json, "w"), indent=2)
+
+
+def _section1(model, steps, quick, results, summary) -> None:
     print("\n1. downtime per failure (SIGKILL mid-step, warm spare)", flush=True)
-    kills = [15, 40] if args.quick else [30, 80, 130]
-    fails = downtime(model, steps + (20 if args.quick else 0), kills)
+    kills = [15, 40] if quick else [30, 80, 130]
+    fails = downtime(model, steps + (20 if quick else 0), kills)
     phases = ["detect", "decide", "rebuild_groups", "transfer_state", "first_committed_step"]
     print(f"   {'step':>5} " + " ".join(f"{ph:>21}" for ph in phases) + f" {'downtime':>9} {'lost':>4}")
     for f in fails:
@@ -253,50 +281,58 @@ def main() -> None:
     med_down = statistics.median(f["downtime_s"] for f in fails)
 
     print("\n1b. downtime per fault kind (one run each, fault in the middle of the run)", flush=True)
-    kinds = per_kind(model, 40 if args.quick else 60)
+    kinds = per_kind(model, 40 if quick else 60)
     print(f"   {'fault':<24} {'detect':>8} {'downtime':>9} {'lost':>5}  path")
     for kind, k in kinds.items():
         det = f"{1000 * k['detect_s']:.0f} ms" if k["detect_s"] is not None else "-"
         print(f"   {kind:<24} {det:>8} {k['downtime_s']:>7.2f} s {k['lost_steps']:>5}  {k['path']}")
+    results.update(failures=fails, kinds=kinds)
+    summary.append(f"   median downtime per failure        {med_down:.2f} s   (target < 2 s)")
 
+
+def _section2(model, steps, rounds, results, summary) -> None:
     print("\n2. steady-state overhead vs plain torchrun (same script, median step time)", flush=True)
     ov = overhead(model, steps, rounds)
     for t, h in zip(ov["torchrun_median_step_s"], ov["hotspare_median_step_s"]):
         print(f"   torchrun {1000 * t:7.1f} ms   hotspare {1000 * h:7.1f} ms   ratio {h / t:.4f}")
+    results["overhead"] = ov
+    summary.append(f"   hotspare / torchrun step time      {ov['ratio']:.4f}   (target < 1.005)")
 
+
+def _section3(model, reps, results, summary) -> None:
     print("\n3. state transfer vs raw gloo broadcast of the same bytes (2 processes)", flush=True)
     tr = transfer(model, reps)
     print(f"   {tr['bytes'] / 1e6:.1f} MB: hotspare {tr['hotspare_GBps']:.2f} GB/s, raw {tr['raw_GBps']:.2f} GB/s")
+    results["transfer"] = tr
+    summary.append(f"   transfer throughput / raw          {tr['ratio']:.2f}     (target >= 0.80)")
 
+
+def _section4(model, quick, results, summary) -> None:
     print("\n4. live migration: downtime from the health verdict to the next committed step", flush=True)
-    mig = migration(model, 80 if args.quick else 120)
+    mig = migration(model, 80 if quick else 120)
     print(f"   {'signal':<38} {'detect':>8} {'pause':>8} {'transfer':>9} {'downtime':>9} {'lost':>5}  outcome")
     for name, m in mig.items():
         det = f"{1000 * m['detect_s']:.0f} ms" if m["detect_s"] is not None else "-"
         pause = f"{1000 * m['pause_s']:.0f} ms" if m["pause_s"] is not None else "-"
         print(f"   {name:<38} {det:>8} {pause:>8} {1000 * m['transfer_s']:>6.0f} ms {m['downtime_s']:>7.2f} s "
               f"{m['lost_steps']:>5}  {m['outcome']}")
+    results["migration"] = mig
+    thermal = mig["thermal (92 C) -> migrate"]["downtime_s"]
+    kill = mig["SIGKILL -> failover (for comparison)"]["downtime_s"]
+    summary.append(f"   live migration downtime (thermal)  {thermal:.2f} s   ({thermal / kill:.2f}x a SIGKILL failover)")
 
+
+def _section5(model, steps, rounds, quick, results, summary) -> None:
     print("\n5. cost of the per-step health vote (fingerprint every step, the default)", flush=True)
-    vc = vote_cost(model, steps // 2 if args.quick else steps, rounds)
+    vc = vote_cost(model, steps // 2 if quick else steps, rounds)
     for a, b in zip(vc["step_off_s"], vc["step_on_s"]):
         print(f"   fingerprint off {1000 * a:7.1f} ms   on {1000 * b:7.1f} ms   ratio {b / a:.4f}")
     print(f"   measured inside the step: fingerprint {1000 * vc['fingerprint_s']:.2f} ms = "
           f"{100 * vc['fingerprint_share']:.3f}% of the step; all checks (fingerprint + NaN scan) "
           f"{100 * vc['all_checks_share']:.3f}%")
-
-    print("\nsummary")
-    print(f"   median downtime per failure        {med_down:.2f} s   (target < 2 s)")
-    print(f"   hotspare / torchrun step time      {ov['ratio']:.4f}   (target < 1.005)")
-    print(f"   transfer throughput / raw          {tr['ratio']:.2f}     (target >= 0.80)")
-    thermal = mig["thermal (92 C) -> migrate"]["downtime_s"]
-    kill = mig["SIGKILL -> failover (for comparison)"]["downtime_s"]
-    print(f"   live migration downtime (thermal)  {thermal:.2f} s   ({thermal / kill:.2f}x a SIGKILL failover)")
-    print(f"   fingerprint share of step time     {100 * vc['fingerprint_share']:.3f}%  (target < 0.5%)")
-    if args.json:
-        json.dump({"failures": fails, "kinds": kinds, "overhead": ov, "transfer": tr, "migration": mig,
-                   "vote_cost": vc},
-                  open(args.json, "w"), indent=2)
+    results["vote_cost"] = vc
+    summary.append(f"   fingerprint share of step time     {100 * vc['fingerprint_share']:.3f}%  (target < 0.5%)")
+    summary.append(f"   step time, fingerprint on / off    {vc['ab_ratio']:.4f}   (end to end, noisy)")
 
 
 if __name__ == "__main__":

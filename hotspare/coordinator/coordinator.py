@@ -234,6 +234,8 @@ class Coordinator:
 
     def _act_on(self, verdict, t: float, source: str, step: int | None = None) -> None:
         """A verdict becomes a signal for the pure policy, like any failure."""
+        if self.view.phase in ("finished", "stopped"):
+            return
         worker = self.view.members.get(verdict.rank, "") if verdict.rank is not None else ""
         self.ledger.health_events.append({
             "time": round(t - self.ledger.started, 3), "device": verdict.device, "rank": verdict.rank,
