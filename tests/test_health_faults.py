@@ -121,34 +121,72 @@ def test_nan_that_follows_the_rank_to_a_new_device_is_a_bug(tmp_path):
     assert result.report["outcome"] == "stopped"
 
 
-def test_operator_drain_moves_the_rank_off_a_running_job(tmp_path):
-    import json
+LONG = ["--model", "tiny", "--steps", "200"]
+
+
+@pytest.fixture(scope="module")
+def long_reference():
+    result = run_job(LONG, extra=FAST)
+    assert result.code == 0, result.output
+    return result.digest
+
+
+def start_job(tmp_path, *extra):
+    """A running job, returned once its first generation started."""
     import subprocess
     import sys
-
-    args = ["--model", "tiny", "--steps", "200"]
-    ref = run_job(args, extra=FAST)
-    assert ref.code == 0, ref.output
-    db, report = tmp_path / "health.json", tmp_path / "report.json"
+    report = tmp_path / "report.json"
     proc = subprocess.Popen([sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1", *FAST,
-                             "--health-db", str(db), "--report", str(report), "--", str(REPO / "examples" /
-                             "gpt_stdlib.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                             "--report", str(report), *extra, "--", str(REPO / "examples" / "gpt_stdlib.py"),
+                             *LONG], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "HOTSPARE_RUN_DIR": str(tmp_path / "runs")})
     lines = []
     for line in proc.stdout:
         lines.append(line)
         if "START" in line:
-            drain = subprocess.run([sys.executable, "-m", "hotspare", "drain", "--db", str(db),
-                                    f"{Registry(db).devices()[0].node}/cpu2", "--reason", "fan replacement"],
-                                   capture_output=True, text=True)
-            assert drain.returncode == 0, drain.stdout + drain.stderr
-            break
+            return proc, lines, report
+    raise AssertionError("".join(lines))
+
+
+def finish_job(proc, lines, report):
+    import json
     lines += proc.stdout.readlines()
     assert proc.wait(timeout=300) == 0, "".join(lines)
-    r = json.loads(report.read_text())
+    return json.loads(report.read_text()), "".join(lines)
+
+
+def hotspare_cli(tmp_path, *argv):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "hotspare", *argv], capture_output=True, text=True,
+                          env={**os.environ, "HOTSPARE_RUN_DIR": str(tmp_path / "runs")})
+
+
+def test_operator_drain_moves_the_rank_off_a_running_job(tmp_path, long_reference):
+    db = tmp_path / "health.json"
+    proc, lines, report = start_job(tmp_path, "--health-db", str(db))
+    device = f"{Registry(db).devices()[0].node}/cpu2"
+    drain = hotspare_cli(tmp_path, "drain", "--db", str(db), device, "--reason", "fan replacement")
+    assert drain.returncode == 0, drain.stdout + drain.stderr
+    r, out = finish_job(proc, lines, report)
     (m,) = r["migrations"]
     assert (m["rank"], m["rule"], m["outcome"], m["lost_steps"]) == (2, "operator-drain", "migrated", 0)
-    assert r["final_state_digest"] == ref.digest and r["steps_repeated"] == 0
+    assert r["final_state_digest"] == long_reference and r["steps_repeated"] == 0
+
+
+def test_hotspare_inject_reaches_a_running_job_and_bad_specs_harm_nothing(tmp_path, long_reference):
+    proc, lines, report = start_job(tmp_path)
+    bad = hotspare_cli(tmp_path, "inject", "thermal:rank=1")
+    assert bad.returncode == 2 and "missing temp" in bad.stderr
+    nobody = hotspare_cli(tmp_path, "inject", "--job", "1", "kill:rank=1")
+    assert nobody.returncode == 1 and "no running hotspare job with launcher pid 1" in nobody.stderr
+    armed = hotspare_cli(tmp_path, "inject", "ecc:rank=1:kind=uncorrectable")
+    assert armed.returncode == 0 and "armed" in armed.stdout, armed.stdout + armed.stderr
+    r, out = finish_job(proc, lines, report)
+    (f,) = r["failures"]
+    assert (f["kind"], f["rank"], f["lost_steps"]) == ("health:ecc-uncorrectable", 1, 0)
+    assert r["final_state_digest"] == long_reference and r["steps_repeated"] == 0
+    assert not list((tmp_path / "runs").glob("*.json")), "the run file goes with the launcher"
 
 
 def test_admission_checks_run_before_the_devices_take_work():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import threading
 
 from hotspare.errors import ConfigError
 
@@ -63,6 +64,7 @@ class Fault:
     code: int = 1
     after: int = 0
     params: dict = dataclasses.field(default_factory=dict)   # health faults: temp, kind, factor, code
+    now: bool = False          # given to a running job without a step: fires at the rank's next step
     fired: bool = False
 
     @property
@@ -80,15 +82,23 @@ class Fault:
         if self.kind not in PROCESS_FAULTS:
             where = "".join(f":{k}={v}" for k, v in self.params.items())
             return f"{self.kind}:rank={self.rank}{where}" + (f":step={self.step}" if self.step is not None else "")
-        where = f"step={self.step}" if self.phase is None else f"phase={self.phase}"
+        if self.phase is not None:
+            where = f"phase={self.phase}"
+        elif self.step is None:          # armed on a running job: its next step
+            return f"{self.kind}:rank={self.rank}" + (f":code={self.code}" if self.kind == "exit" else "")
+        else:
+            where = f"step={self.step}"
         extra = f":code={self.code}" if self.kind == "exit" else ""
         extra += f":gen={self.gen}" if self.gen is not None else ""
         extra += f":after={self.after}" if self.after else ""
         return f"{self.kind}:rank={self.rank}:{where}{extra}"
 
 
-def parse(spec: str, world_size: int | None = None) -> Fault:
-    """Parse one ``--inject`` spec; raise ConfigError saying what to fix."""
+def parse(spec: str, world_size: int | None = None, running: bool = False) -> Fault:
+    """Parse one ``--inject`` spec; raise ConfigError saying what to fix.
+
+    ``running``: the spec goes to a running job (``hotspare inject``), where a fault without
+    ``step=`` fires at the rank's next step."""
     kind, _, rest = spec.partition(":")
     if kind not in KINDS:
         raise ConfigError(f"--inject {spec!r}: unknown fault kind {kind!r}; known: {', '.join(KINDS)}.\n{GRAMMAR}")
@@ -115,6 +125,8 @@ def parse(spec: str, world_size: int | None = None) -> Fault:
     phase = fields.get("phase")
     if "rank" not in ints:
         raise ConfigError(f"--inject {spec!r}: missing rank.\n{GRAMMAR}")
+    if phase is None and "step" not in ints and running:
+        return Fault(kind, ints["rank"], None, code=ints.get("code", 1), now=True)
     if phase is None and "step" not in ints:
         raise ConfigError(f"--inject {spec!r}: missing step (or phase=join|transfer).\n{GRAMMAR}")
     if phase is not None:
@@ -188,19 +200,26 @@ class Injector:
     def __init__(self, faults: list[Fault]):
         self.faults = faults
         self.max_step = -1            # the newest step any rank has started
+        self._lock = threading.Lock()
+
+    def add(self, fault: Fault) -> None:
+        """A fault given to the running job (``hotspare inject``)."""
+        with self._lock:
+            self.faults.append(fault)
 
     def at_step(self, rank: int, step: int) -> Fault | None:
         self.max_step = max(self.max_step, step)
         return self._take(lambda f: f.phase is None and f.rank == rank
-                          and (f.step == step or (f.step is None and f.kind not in PROCESS_FAULTS)))
+                          and (f.step == step or (f.step is None and (f.kind not in PROCESS_FAULTS or f.now))))
 
     def at_phase(self, rank: int, phase: str, gen: int) -> Fault | None:
         return self._take(lambda f: f.phase == phase and f.rank == rank and self.max_step >= f.after
                           and (gen == f.gen if f.gen is not None else gen >= 2))
 
     def _take(self, match) -> Fault | None:
-        for f in self.faults:
-            if not f.fired and match(f):
-                f.fired = True
-                return f
+        with self._lock:
+            for f in self.faults:
+                if not f.fired and match(f):
+                    f.fired = True
+                    return f
         return None

@@ -19,6 +19,7 @@ SUBCOMMANDS = [
     ("simulate", "hotspare.cli.simulate"),
     ("health", "hotspare.cli.health"),   # also registers cordon / drain / uncordon
     ("check", "hotspare.cli.check"),     # admission and quarantine diagnostics
+    ("inject", "hotspare.cli.inject"),   # a fault for a running job
 ]
 
 

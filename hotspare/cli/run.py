@@ -206,9 +206,13 @@ def run(args: argparse.Namespace) -> int:
                         checkpoint_dir=os.path.abspath(args.checkpoint_dir or "hotspare-checkpoints"),
                         health=health)
     log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
+    from hotspare.coordinator.control import ControlServer
+    control = ControlServer(events, describe={"script": args.script, "nproc": args.nproc})
+    log(f"control: {control.address} (hotspare inject SPEC sends a fault to this job)")
     try:
         coord.start()
     except ConfigError as e:
+        control.close()
         print(f"hotspare run: error: {e}", file=sys.stderr)
         agent.shutdown(grace=0.0)
         return 2
@@ -221,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if poller is not None:
             poller.stop()
+        control.close()
         agent.shutdown(grace=10.0)
     if health is not None:
         health.close()

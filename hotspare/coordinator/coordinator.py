@@ -104,6 +104,10 @@ class Coordinator:
         if kind == "readings":
             self._readings(payload, t)
             return
+        if kind == "control":
+            msg, reply = payload
+            reply(self._control(msg))
+            return
         if kind == "exit":
             desc = describe_exit(payload)
             self._member_lost(worker, desc, payload, t)
@@ -219,6 +223,23 @@ class Coordinator:
         elif self.view.phase != "recovering":
             self.recovering_since = None
         return decision
+
+    def _control(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """An operator command from the control endpoint; a bad one changes nothing."""
+        from hotspare.agent.inject import parse
+        if self.view.phase in ("finished", "stopped"):
+            return make("control_reply", ok=False, message=f"the job has {self.view.phase}")
+        try:
+            fault = parse(msg["spec"], world_size=self.view.world_size, running=True)
+        except ConfigError as e:
+            return make("control_reply", ok=False, message=str(e))
+        if fault.target == "device" and self.agent.device_fault is None:
+            return make("control_reply", ok=False, message=f"{fault.kind} faults need simulated telemetry "
+                        "(hotspare run --telemetry simulated)")
+        self.agent.injector.add(fault)
+        when = f"at step {fault.step}" if fault.step is not None else "at its next step"
+        self.log(f"OPERATOR inject {fault}: fires on rank {fault.rank} {when}")
+        return make("control_reply", ok=True, message=f"{fault} armed: fires on rank {fault.rank} {when}")
 
     # ------------------------------------------------------------------ health
     def _readings(self, readings, t: float) -> None:

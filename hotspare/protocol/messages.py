@@ -50,6 +50,9 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "fault": {"kind": _STR, "params": _DICT},
     "pause": {"gen": _INT, "reason": _STR},
     "handoff": {"gen": _INT, "rank": _INT, "handoff": _STR},
+    # operator (hotspare inject) <-> launcher
+    "inject": {"spec": _STR},
+    "control_reply": {"ok": (bool,), "message": _STR},
 }
 
 
@@ -80,7 +83,7 @@ def validate(msg: Any) -> Message:
         if name not in msg:
             raise ProtocolError(f"message {kind!r} lacks field {name!r}")
         value = msg[name]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise ProtocolError(f"message {kind!r}: field {name!r} must be "
                                 f"{'/'.join(t.__name__ for t in types)}, got {type(value).__name__}")
     return msg
