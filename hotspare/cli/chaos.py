@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hang-floor", type=float, default=2.0, help="hang threshold floor in seconds (default: 2)")
     p.add_argument("--report", metavar="FILE", help="write the faulted run's JSON report here")
     p.add_argument("--log", metavar="FILE", help="write the faulted run's full output here")
+    p.add_argument("--health", action="store_true",
+                   help="also inject health signals (thermal -> live migration; uncorrectable ECC, "
+                        "Xid 79, a flipped parameter bit, NaN gradients -> failover from a replica), "
+                        "on simulated telemetry polled every 0.2 s")
     p.set_defaults(func=run)
 
 
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from hotspare.testing import run_job
-    from hotspare.testing.chaos import make_schedule
+    from hotspare.testing.chaos import HEALTH_KINDS, KINDS, make_schedule
 
     def say(line: str) -> None:
         print(f"[chaos] {line}", flush=True)
@@ -54,6 +58,13 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     extra = ["--hang-floor", str(args.hang_floor), "--log-every", "100000"]
+    kinds = KINDS
+    if args.health:
+        kinds = tuple(k for pair in zip(HEALTH_KINDS, KINDS) for k in pair) + KINDS[len(HEALTH_KINDS):]
+        # enough device slots that cordoned devices (in quarantine for a few seconds) never starve
+        # the spare pool
+        extra += ["--telemetry", "simulated", "--telemetry-period", "0.2",
+                  "--devices", str(args.nproc + args.spares + 2)]
     steps = args.steps
     if not steps and args.duration:
         cal = run_job(["--model", args.model, "--steps", "30"], nproc=args.nproc, spares=0, extra=extra)
@@ -64,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"calibrated: {1000 * step_s:.0f} ms/step -> {steps} steps for ~{args.duration:.0f} s")
     steps = steps or 400
     try:
-        sched = make_schedule(args.seed, steps, args.faults, args.nproc)
+        sched = make_schedule(args.seed, steps, args.faults, args.nproc, kinds)
     except ValueError as e:
         print(f"hotspare chaos: error: {e}", file=sys.stderr)
         return 2
@@ -91,11 +102,13 @@ def run(args: argparse.Namespace) -> int:
             json.dump(f, out, indent=2)
     match = f["final_state_digest"] == clean.report["final_state_digest"]
     downtime = sum({x["generation"]: x["downtime_s"] or 0 for x in f["failures"]}.values())
+    downtime += sum(m["downtime_s"] or 0 for m in f.get("migrations", []))
     rows = [
         ("faults injected", sched.faults),
         ("failures seen", f["failures_total"]),
         ("recovered from memory", f["recovered_zero_loss"]),
         ("recovered from checkpoint", f["recovered_from_checkpoint"]),
+        ("live migrations", f.get("migrations_total", 0)),
         ("steps lost", f["steps_lost"]),
         ("steps repeated", f["steps_repeated"]),
         ("digest match", "yes" if match else "NO"),

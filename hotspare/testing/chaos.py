@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass, field
 
 KINDS = ("kill", "hang", "exit", "double", "during-transfer", "during-join")
+# With --health: signals the health service acts on (live migration or failover from a replica).
+HEALTH_KINDS = ("thermal", "ecc", "corrupt", "nan", "gpu-lost")
 
 
 @dataclass
@@ -50,5 +52,15 @@ def make_schedule(seed: int, steps: int, faults: int, world: int, kinds=KINDS) -
             sched.specs += [f"kill:rank={a}:step={step}", f"kill:rank={a}:phase=transfer:after={step}"]
         elif kind == "during-join":       # a survivor dies while the next generation forms
             sched.specs += [f"kill:rank={a}:step={step}", f"kill:rank={b}:phase=join:after={step}"]
+        elif kind == "thermal":
+            sched.specs.append(f"thermal:rank={a}:temp={rng.randrange(91, 99)}:step={step}")
+        elif kind == "ecc":
+            sched.specs.append(f"ecc:rank={a}:kind=uncorrectable:step={step}")
+        elif kind == "corrupt":
+            sched.specs.append(f"corrupt:rank={a}:step={step}")
+        elif kind == "nan":
+            sched.specs.append(f"nan:rank={a}:step={step}")
+        elif kind == "gpu-lost":
+            sched.specs.append(f"xid:rank={a}:code=79:step={step}")
         sched.events.append((step, kind))
     return sched
