@@ -108,7 +108,7 @@ class Job:
         # In-process health signals (see runtime/vote.py).
         self.fingerprint_every = int(os.environ.get(ENV_FINGERPRINT_EVERY, "1"))
         self._params: list[torch.Tensor] | None = None   # integer views for the fingerprint
-        self._nonfinite = False
+        self._nonfinite: torch.Tensor | None = None   # this step's bucket sums (NaN/Inf propagates)
         self._health: VoteResult | None = None   # this step's failed vote
         self._exchange_t: float | None = None    # when this step reached the gradient exchange
         self._pause_gen = -1                     # a live migration asked this generation to pause
@@ -223,7 +223,7 @@ class Job:
     def _enter_step(self, step: int) -> None:
         self._current = step
         self._comm_error = None
-        self._nonfinite, self._health, self._exchange_t = False, None, None
+        self._nonfinite, self._health, self._exchange_t = None, None, None
         self._check_s = 0.0      # this step's health checks on this rank (NaN sums, fingerprint)
         self._vote_s = 0.0       # ... and in the vote's all-reduce (mostly waiting for the slowest rank)
         self._fp_s = 0.0         # ... of which the parameter fingerprint
@@ -318,8 +318,10 @@ class Job:
         if self._nan_pending:        # injected `nan`: this rank's gradients of this step break
             self._nan_pending = False
             buf.view(-1)[0] = float("nan")
-        if not self._nonfinite and not math.isfinite(float(buf.sum())):
-            self._nonfinite = True
+        # A sum is NaN/Inf iff some element is (or it overflowed, itself a sign of trouble). Kept
+        # as a tensor on the bucket's device: no host sync per bucket on GPUs, one at the vote.
+        total = buf.sum(dtype=torch.float32).reshape(1)
+        self._nonfinite = total if self._nonfinite is None else self._nonfinite + total
         if not last or self._current is None:
             return None
         step = self._current
@@ -329,12 +331,13 @@ class Job:
         t_fp = time.perf_counter()
         fp = fingerprint(views=self._params) if with_fp else 0
         self._fp_s = time.perf_counter() - t_fp
-        table = row(self.world_size, self.rank, fp, self._nonfinite, self._pause_gen == self.generation)
+        nonfinite = bool(not torch.isfinite(self._nonfinite).all())
+        table = row(self.world_size, self.rank, fp, nonfinite, self._pause_gen == self.generation).to(buf.device)
         if self.world_size > 1:
             t_vote = time.perf_counter()     # the wait for the slowest rank is not the check's cost
             dist.all_reduce(table)
             self._vote_s += time.perf_counter() - t_vote
-        result = tally(table, step, with_fp)
+        result = tally(table.cpu(), step, with_fp)
         if result.failed:
             self._health = result
             return HealthFault(result)
