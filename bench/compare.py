@@ -290,6 +290,8 @@ class Torchrun(System):
 
     name = "checkpoint-restart"
 
+    pin_buckets = False    # set from --ckpt-pin-buckets
+
     def __init__(self, label, workdir, env, script_args: list[str], every: int) -> None:
         super().__init__(label, workdir, env)
         self.script_args, self.every = script_args, every
@@ -306,6 +308,8 @@ class Torchrun(System):
                "--stats", str(self.stats)]
         if self.every:
             cmd += ["--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(self.every)]
+        if self.pin_buckets:
+            cmd += ["--pin-buckets"]
         return [("torchrun", cmd, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})]
 
     def on_line(self, source, line, t):
@@ -763,6 +767,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--yd-every", type=int, metavar="K",
                    help="checkpoint interval of ckpt-yd in steps (default: Young/Daly from the measured "
                         "checkpoint cost and the schedule's MTBF)")
+    g.add_argument("--ckpt-pin-buckets", action="store_true",
+                   help="run checkpoint-restart (and the plain-DDP reference) with DDP's buckets laid out once, "
+                        "as hotspare does: a restart from a checkpoint is then bit for bit the fault-free run "
+                        "(stock DDP, the default, re-buckets after the first step of every process)")
     r = p.add_argument_group("Clockwork replica")
     r.add_argument("--no-replica", action="store_true", help="skip the replica scenario")
     r.add_argument("--replica-only", action="store_true", help="run only the replica scenario")
@@ -848,11 +856,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    Torchrun.pin_buckets = args.ckpt_pin_buckets
     b = Bench(args)
     out: dict[str, Any] = {
         "command": "python bench/compare.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "scenarios": {}}
+        "source": _source_state(), "scenarios": {}}
     try:
         import torch
         out["machine"]["torch"] = torch.__version__
@@ -861,7 +870,9 @@ def main(argv: list[str] | None = None) -> int:
         out["machine"]["torchft"] = version("torchft")
     except ImportError:
         pass
-    b.say(f"4 ranks, CPU/gloo, {os.cpu_count()} cores; systems: {', '.join(args.systems)}; logs in {b.workdir}")
+    src = out["source"]
+    b.say(f"4 ranks, CPU/gloo, {os.cpu_count()} cores; systems: {', '.join(args.systems)}; hotspare at "
+          f"{src['commit'][:10]}{' + uncommitted changes' if src['hotspare_dirty'] else ''}; logs in {b.workdir}")
     scenarios: dict[str, dict[str, Any]] = {}
     try:
         if not args.replica_only:
@@ -890,6 +901,16 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"runs that did not finish: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _source_state() -> dict[str, Any]:
+    """The commit measured, and whether hotspare/ had uncommitted changes (a shared checkout)."""
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD"), "hotspare_dirty": bool(git("status", "--porcelain", "hotspare"))}
 
 
 def _ratios(rows: list[dict[str, Any]], key: str = "jct_s") -> tuple[float | None, dict[str, float]]:

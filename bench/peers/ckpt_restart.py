@@ -10,7 +10,8 @@ Model, data and optimizer are the example's own (imported from examples/gpt_stdl
 copied): the same GPT, the same AdamW, and each rank's batch drawn from (seed, rank, step), which
 is what makes a run restarted from a checkpoint reproduce the steps it lost. DDP is stock
 ``DistributedDataParallel``; hotspare is not involved except for two pure helpers: the
-(seed, rank, step) seeding and the state digest, so digests compare across systems.
+(seed, rank, step) seeding and the state digest, so digests compare across systems (and, with
+``--pin-buckets``, hotspare's fixed bucket layout).
 
 Checkpointing follows the DCP recipe (torch.distributed.checkpoint docs, "Getting Started with
 DCP"): an ``AppState`` that implements ``Stateful`` with ``get_state_dict``/``set_state_dict``,
@@ -91,6 +92,10 @@ def main() -> None:
                    help="save a checkpoint after every K steps (0: never)")
     p.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep (default: 2)")
     p.add_argument("--stats", help="rank 0 writes the final digest, loss and save times here")
+    p.add_argument("--pin-buckets", action="store_true",
+                   help="lay DDP's gradient buckets out once, in parameter order, as hotspare does; stock DDP "
+                        "re-buckets after the first step of every process, so a restarted process reduces its "
+                        "first step in another layout and the run is no longer bit for bit the fault-free one")
     args = p.parse_args()
     if args.ckpt_every < 0 or (args.ckpt_every and not args.ckpt_dir):
         p.error("--ckpt-every K needs K >= 0 and --ckpt-dir DIR")
@@ -102,6 +107,9 @@ def main() -> None:
     data = load_corpus(args.corpus_bytes)
     torch.manual_seed(args.seed)
     model = DDP(GPT(n_layer, n_head, n_embd, block_size))
+    if args.pin_buckets:
+        from hotspare.runtime.ddp import stabilize_buckets
+        stabilize_buckets(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     app = AppState(model, opt)
 
