@@ -474,6 +474,8 @@ def execute(sysm: System, steps: int, schedule: Schedule | None, timeout: float,
             else:
                 due = t0 + k.at_s
             if done.wait(max(0.0, due - time.time())):
+                if k.at_step is None:
+                    break           # the run ended before this failure's time: so do the later ones
                 run.kills.append({**asdict(k), "fired": False})
                 continue
             pid = None
@@ -543,17 +545,21 @@ def first_step_s(run: Run) -> float:
     return run.progress[0][0] if run.progress else 0.0
 
 
-def lost_per_failure(run: Run) -> list[float]:
-    """For each fired kill: time from the kill until the job first completes a step beyond the one
-    it had reached, minus one steady step (that step would have taken that long anyway); when the
-    next failure comes first, the time up to it."""
+def lost_per_failure(run: Run, ahead: int = 5) -> list[float]:
+    """For each fired kill at job step s: the time from the kill until the job first commits step
+    s + ``ahead``, less the time those steps take at the run's steady step time. Looking a few
+    steps ahead, not one, counts the stall even where a step in flight still commits after the
+    kill (a TorchFT peer that had already contributed), and the slow first steps after a restart.
+    When the next failure comes first, the window ends there (less the new steps made by then)."""
     step_s = median_step(run) or 0.0
     fired = sorted((k["fired_s"], k["job_step"]) for k in run.kills if k.get("fired"))
     out = []
     for i, (tk, s) in enumerate(fired):
-        back = next((t for t, st in run.progress if t > tk and st > s), run.jct_s)
+        target = min(s + ahead, run.steps - 1)
+        back = next((t for t, st in run.progress if t > tk and st >= target), run.jct_s)
         end = min(back, fired[i + 1][0]) if i + 1 < len(fired) else back
-        out.append(max(0.0, end - tk - (step_s if end == back else 0.0)))
+        reached = max([st for t, st in run.progress if t <= end] + [s])
+        out.append(max(0.0, end - tk - max(0, reached - s) * step_s))
     return out
 
 
@@ -674,7 +680,7 @@ class Bench:
 
 
 # ----------------------------------------------------------------------------------- reporting
-COLS = ("system", "JCT s", "hs/this", "step ms", "norm JCT", "hs/this", "fail", "lost/fail s", "recomp", "batches", "wasted w-s", "spare w-s",
+COLS = ("system", "JCT s", "hs/this", "step ms", "norm JCT", "hs/norm", "fail", "lost/fail s", "recomp", "batches", "wasted w-s", "spare w-s",
         "loss", "= fault-free")
 
 
