@@ -76,6 +76,7 @@ CLOCKWORK = {"steps": 3000, "gap_s": (2700.0, 4500.0), "ckpt_every": 100,
 STEP_HOTSPARE = re.compile(r"\]\s+step\s+(\d+)/\d+\s+loss\s+(\S+)")
 START_HOTSPARE = re.compile(r"START\s+generation \d+: ranks \S+ on workers ([\w,]+)")
 RESUMED_HOTSPARE = re.compile(r"RESUMED rank (\d+) -> (\w+)")
+RECOVER_HOTSPARE = re.compile(r"RECOVER\s+generation \d+: .*?replaces? ranks? \[([\d, ]+)\]")
 STEP_PLAIN = re.compile(r"^step (\d+) loss (\S+)")
 CKPT_SAVED = re.compile(r"^\[ckpt\] saved step-(\d+) in ([\d.]+) s")
 CKPT_LOADED = re.compile(r"^\[ckpt\] restart (\d+): loaded step-\d+ \(resume at step (\d+)\) in ([\d.]+) s")
@@ -257,6 +258,20 @@ class Hotspare(System):
     def on_line(self, source, line, t):
         if m := START_HOTSPARE.search(line):
             self.members = dict(enumerate(m.group(1).split(",")))
+        elif m := RECOVER_HOTSPARE.search(line):
+            # The log names the replaced ranks, not the spares taking them: a rank goes to the
+            # oldest live spare not holding a rank yet (the launcher hands out ready spares in
+            # order). A RESUMED line, when one comes, names the worker and overrides this.
+            for rank in (int(x) for x in m.group(1).replace(" ", "").split(",") if x):
+                held = set(self.members.values())
+                spares = sorted((int(w[1:]), w) for p in descendants(self.roots[0].pid) if alive(p)
+                                for w in [environ(p).get("HOTSPARE_WORKER_ID", "")]
+                                if w.startswith("w") and w[1:].isdigit() and w not in held
+                                and environ(p).get("HOTSPARE_ROLE") == "spare")
+                if spares:
+                    self.members[rank] = spares[0][1]
+                else:
+                    self.members.pop(rank, None)
         elif m := RESUMED_HOTSPARE.search(line):
             self.members[int(m.group(1))] = m.group(2)
         elif m := STEP_HOTSPARE.search(line):
