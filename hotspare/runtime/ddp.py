@@ -47,27 +47,49 @@ def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against rea
         fut.set_result(buf)
         return fut.then(_aborted(job.generation))
     try:
-        fault = job._inspect_bucket(buf, bucket.is_last())   # NaN check; the last bucket votes
+        table = job._inspect_bucket(buf, bucket.is_last())   # NaN check; the last bucket votes
     except Exception as e:
         job._note_comm_error(e)
-        fault = e
-    if fault is not None:        # every rank reached the same verdict: all fail this step alike
         fut = torch.futures.Future()
         fut.set_result(buf)
-        return fut.then(_raise(fault))
+        return fut.then(_raise(e))
     # Same arithmetic as DDP's built-in reduction (multiply by 1/world while copying), so the
     # result is bitwise equal to plain DDP's with the same layout.
     buf.mul_(1.0 / job.world_size)
     fut = dist.all_reduce(buf, async_op=True).get_future()
+    if table is None:
+        return fut.then(_checked(job))
+    # The health vote rides next to the last bucket, asynchronously like it: a verdict against
+    # this step fails the future on every rank alike, before the optimizer runs.
+    if job.world_size > 1:
+        vote = dist.all_reduce(table, async_op=True).get_future()
+    else:
+        vote = torch.futures.Future()
+        vote.set_result([table])
+    return torch.futures.collect_all([fut, vote]).then(_voted(job))
 
+
+def _checked(job):
     def done(f: torch.futures.Future) -> torch.Tensor:
         try:
             return f.value()[0]
         except Exception as e:
             job._note_comm_error(e)
             raise
+    return done
 
-    return fut.then(done)
+
+def _voted(job):
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        bucket, vote = f.value()
+        try:
+            reduced, table = bucket.value()[0], vote.value()[0]
+        except Exception as e:
+            job._note_comm_error(e)
+            raise
+        job._judge(table)            # raises HealthFault when the vote goes against this step
+        return reduced
+    return done
 
 
 def _aborted(gen: int):

@@ -116,7 +116,8 @@ class Job:
         self._faults: "queue.Queue[dict[str, Any]]" = queue.Queue()   # injected worker faults
         self._slow = 1.0
         self._nan_pending = False
-        self._check_s = self._vote_s = self._fp_s = 0.0
+        self._check_s = self._fp_s = 0.0
+        self._voting: tuple[int, bool] = (-1, False)   # (step, with fingerprint) of the vote in flight
 
     # ------------------------------------------------------------------ set-up
     def _init(self) -> None:
@@ -225,7 +226,6 @@ class Job:
         self._comm_error = None
         self._nonfinite, self._health, self._exchange_t = None, None, None
         self._check_s = 0.0      # this step's health checks on this rank (NaN sums, fingerprint)
-        self._vote_s = 0.0       # ... and in the vote's all-reduce (mostly waiting for the slowest rank)
         self._fp_s = 0.0         # ... of which the parameter fingerprint
         while not self._faults.empty():
             self._apply_fault(self._faults.get())
@@ -248,7 +248,7 @@ class Job:
                 exch = self._exchange_t if self._exchange_t is not None else now
                 self._channel.send(make("commit", gen=self.generation, rank=self.rank, step=step,
                                         dt=dt, metrics=self._metrics, compute=exch - self._step_t0,
-                                        comm=now - exch, check=self._check_s, vote=self._vote_s, fp=self._fp_s))
+                                        comm=now - exch, check=self._check_s, fp=self._fp_s))
                 if self.rank == 0:
                     self._report_checkpoint(self._persist.after_commit(step))
             elif self.rank == 0 and self._metrics:
@@ -306,15 +306,18 @@ class Job:
             self._reducing_step = step
             self._channel.send(make("reducing", gen=self.generation, rank=self.rank, step=step))
 
-    def _inspect_bucket(self, buf: torch.Tensor, last: bool) -> HealthFault | None:
-        """Per gradient bucket, before it is reduced: note NaN/Inf; on the last bucket, vote."""
-        t0, vote0 = time.perf_counter(), self._vote_s
+    def _inspect_bucket(self, buf: torch.Tensor, last: bool) -> torch.Tensor | None:
+        """Per gradient bucket, before it is reduced: note NaN/Inf. On the last bucket, return
+        this rank's row of the vote table; the comm hook reduces it next to the bucket and
+        ``_judge`` reads the verdict, all through futures: nothing here blocks on a peer (a
+        blocking collective in the hook would not be freed by an abort)."""
+        t0 = time.perf_counter()
         try:
             return self._inspect(buf, last)
         finally:
-            self._check_s += time.perf_counter() - t0 - (self._vote_s - vote0)
+            self._check_s += time.perf_counter() - t0
 
-    def _inspect(self, buf: torch.Tensor, last: bool) -> HealthFault | None:
+    def _inspect(self, buf: torch.Tensor, last: bool) -> torch.Tensor | None:
         if self._nan_pending:        # injected `nan`: this rank's gradients of this step break
             self._nan_pending = False
             buf.view(-1)[0] = float("nan")
@@ -332,18 +335,18 @@ class Job:
         fp = fingerprint(views=self._params) if with_fp else 0
         self._fp_s = time.perf_counter() - t_fp
         nonfinite = bool(not torch.isfinite(self._nonfinite).all())
-        table = row(self.world_size, self.rank, fp, nonfinite, self._pause_gen == self.generation).to(buf.device)
-        if self.world_size > 1:
-            t_vote = time.perf_counter()     # the wait for the slowest rank is not the check's cost
-            dist.all_reduce(table)
-            self._vote_s += time.perf_counter() - t_vote
+        self._voting = (step, with_fp)
+        return row(self.world_size, self.rank, fp, nonfinite, self._pause_gen == self.generation).to(buf.device)
+
+    def _judge(self, table: torch.Tensor) -> None:
+        """The summed vote table (same on every rank) -> this step's verdict; raises HealthFault."""
+        step, with_fp = self._voting
         result = tally(table.cpu(), step, with_fp)
         if result.failed:
             self._health = result
-            return HealthFault(result)
+            raise HealthFault(result)
         if result.pause:
             self._pause_at = step
-        return None
 
     def _apply_fault(self, fault: dict[str, Any]) -> None:
         """An injected worker fault (hotspare run --inject), carried out for real."""
