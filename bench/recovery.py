@@ -218,8 +218,9 @@ def migration(model: str, steps: int) -> dict[str, dict]:
 def vote_cost(model: str, steps: int, rounds: int) -> dict:
     inside, on, off = [], [], []
     args = ["--model", model, "--steps", str(steps)]
-    for _ in range(rounds):
-        for every, sink in (("0", off), ("1", on)):
+    for i in range(rounds):
+        pair = (("0", off), ("1", on))
+        for every, sink in (pair if i % 2 == 0 else pair[::-1]):   # ABBA: drift hits both
             r = run_job(args, extra=["--fingerprint-every", every], timeout=1800)
             assert r.code == 0 and r.report, r.output[-3000:]
             sink.append(r.report["median_step_time_s"])
