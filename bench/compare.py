@@ -1,7 +1,7 @@
 """Job completion under failures, side by side: hotspare vs checkpoint-restart vs TorchFT.
 
-    python bench/compare.py                       # both scenarios below (~13 min on 2 cores)
-    python bench/compare.py --quick               # main scenario only, 60 steps, 1 failure (~2-3 min)
+    python bench/compare.py                       # both scenarios below (8.5-14 min on 2 cores)
+    python bench/compare.py --quick               # main scenario only, 40 steps, 1 failure (~1.5-3 min)
     python bench/compare.py --plot docs/compare-progress.png --json compare.json
 
 The same training job (examples/gpt_stdlib.py's GPT, 4 data-parallel ranks, CPU/gloo) runs for the
@@ -768,13 +768,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python bench/compare.py", description=__doc__.split("\n")[0],
         epilog=__doc__.split("\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="main scenario only, 60 steps, 1 failure, no replica (under 3 minutes)")
+                   help="main scenario only, 40 steps, 1 failure, no replica (under 3 minutes)")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated subset of {', '.join(SYSTEMS)} (default: all)")
     g = p.add_argument_group("main scenario")
     g.add_argument("--model", default="1m", choices=("tiny", "1m", "5m"), help="the example's preset (default: 1m)")
     g.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step (default: 8)")
-    g.add_argument("--steps", type=int, help="steps to train (default: 300; --quick: 60)")
+    g.add_argument("--steps", type=int, help="steps to train (default: 300; --quick: 40)")
     g.add_argument("--failures", type=int, help="SIGKILLs spread over the job's steps (default: 3; --quick: 1)")
     g.add_argument("--kill-steps", metavar="S1,S2,...",
                    help="explicit failures instead of --failures: kill once the job first commits step S")
@@ -784,7 +784,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ranks for --kill-steps/--kill-at (default: seeded draws)")
     g.add_argument("--seed", type=int, default=6, help="seed of the failure schedules (default: 6)")
     g.add_argument("--legacy-every", type=int, metavar="K",
-                   help="checkpoint interval of ckpt-legacy in steps (default: 100, Clockwork's; --quick: 25)")
+                   help="checkpoint interval of ckpt-legacy in steps (default: 100, Clockwork's; --quick: 20)")
     g.add_argument("--yd-every", type=int, metavar="K",
                    help="checkpoint interval of ckpt-yd in steps (default: Young/Daly from the measured "
                         "checkpoint cost and the schedule's MTBF)")
@@ -820,9 +820,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--quick runs the main scenario only; drop --replica-only")
     if args.no_replica and args.replica_only:
         p.error("--no-replica and --replica-only exclude each other")
-    args.steps = args.steps if args.steps is not None else (60 if args.quick else 300)
+    args.steps = args.steps if args.steps is not None else (40 if args.quick else 300)
     args.failures = args.failures if args.failures is not None else (1 if args.quick else 3)
-    args.legacy_every = args.legacy_every if args.legacy_every is not None else (25 if args.quick else 100)
+    args.legacy_every = args.legacy_every if args.legacy_every is not None else (20 if args.quick else 100)
     for name in ("steps", "batch_size", "replica_steps", "replica_batch_size", "legacy_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -1,6 +1,6 @@
 """bench/compare.py: the pure parts (flags, failure schedules, metrics, table).
 
-The benchmark itself launches real jobs for minutes (``--quick`` takes about 2.5 minutes on two
+The benchmark itself launches real jobs for minutes (``--quick`` takes 1.5-3 minutes on two
 cores), so it is not run here; the manual smoke command is ``python bench/compare.py --quick``
 (see docs/BENCHMARKS.md).
 """
@@ -35,7 +35,7 @@ def test_bad_flags_are_refused_with_a_reason(argv, message, capsys):
 
 def test_quick_defaults():
     a = compare.parse_args(["--quick", "--systems", "hotspare,ckpt-yd"])
-    assert (a.steps, a.failures, a.legacy_every, a.systems) == (60, 1, 25, ["hotspare", "ckpt-yd"])
+    assert (a.steps, a.failures, a.legacy_every, a.systems) == (40, 1, 20, ["hotspare", "ckpt-yd"])
 
 
 def test_spread_schedule_puts_one_failure_in_each_slice_and_is_seeded():
