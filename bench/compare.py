@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
@@ -646,7 +645,7 @@ class Bench:
         if not plain.ok:
             raise SystemExit(f"the fault-free plain-DDP run failed; see {plain.log}")
         ref = {"plain": plain, "ideal_step_s": median_step(plain), "plain_digest": plain.extra.get("digest"),
-               "first_step_s": first_step_s(plain), "train_s": plain.progress[-1][0] - first_step_s(plain)}
+               "first_step_s": first_step_s(plain)}
         if with_hotspare:
             hs = self.go(Hotspare(f"{tag}-hotspare-fault-free", self.workdir, self.env, script), steps, None,
                          expect_s=plain.jct_s)
