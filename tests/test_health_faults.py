@@ -71,6 +71,7 @@ def test_uncorrectable_ecc_fails_over_from_a_replica(tmp_path, reference):
     assert "cordoned" in states(reg, f"{reg.devices()[0].node}/cpu2")
 
 
+@pytest.mark.slow   # the same failover/report paths as the ECC test and a policy unit test
 def test_gpu_lost_xid_79_fails_over(tmp_path, reference):
     result, _ = run(tmp_path, ["xid:rank=0:code=79:step=10"])
     (f,) = assert_bitwise(result, reference)["failures"]
@@ -103,6 +104,7 @@ def test_straggler_is_migrated_off_its_device(tmp_path, reference):
     assert (m["rank"], m["rule"], m["lost_steps"]) == (2, "straggler", 0)
 
 
+@pytest.mark.slow   # the same failover/report paths as the ECC test and a policy unit test
 def test_without_a_spare_a_hot_device_is_reported_not_moved(tmp_path, reference):
     db = tmp_path / "health.json"
     result = run_job(ARGS, spares=0, inject=["thermal:rank=1:temp=92:step=5"],
