@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from hotspare.agent.inject import Fault, Injector
 from hotspare.errors import ProtocolError
-from hotspare.protocol.channel import Channel
+from hotspare.protocol.channel import Channel, serve
 from hotspare.protocol.messages import make
 
 Event = tuple[str, str, Any, float]       # (kind, worker, payload, time)
@@ -81,7 +81,7 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._server = socket.create_server((host, 0))
         self.port = self._server.getsockname()[1]
-        threading.Thread(target=self._accept, name="agent-accept", daemon=True).start()
+        serve(self._server, self._serve, "agent-accept")
 
     @property
     def address(self) -> str:
@@ -193,14 +193,6 @@ class NodeAgent:
                 return f.read().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             return None
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(Channel(sock),), daemon=True).start()
 
     def _serve(self, ch: Channel) -> None:
         wp = None

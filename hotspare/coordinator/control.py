@@ -15,12 +15,11 @@ import json
 import os
 import queue
 import socket
-import threading
 import time
 from pathlib import Path
 
 from hotspare.errors import ProtocolError
-from hotspare.protocol.channel import Channel
+from hotspare.protocol.channel import Channel, serve
 from hotspare.protocol.messages import make
 
 ENV_RUN_DIR = "HOTSPARE_RUN_DIR"
@@ -45,7 +44,7 @@ class ControlServer:
             os.replace(tmp, self.run_file)
         except OSError:             # a read-only home: `hotspare inject --job ADDRESS` still works
             self.run_file = None
-        threading.Thread(target=self._accept, name="hotspare-control-server", daemon=True).start()
+        serve(self._server, self._serve, "hotspare-control-server")
 
     def close(self) -> None:
         self._server.close()
@@ -54,14 +53,6 @@ class ControlServer:
                 self.run_file.unlink()
             except OSError:
                 pass
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(Channel(sock),), daemon=True).start()
 
     def _serve(self, ch: Channel) -> None:
         try:

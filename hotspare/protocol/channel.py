@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from typing import Callable
 
 from hotspare.errors import ProtocolError
 from hotspare.protocol.messages import MAX_LINE, Message, decode, encode
@@ -43,3 +44,16 @@ class Channel:
         except OSError:
             pass
         self.sock.close()
+
+
+def serve(server: socket.socket, handle: Callable[["Channel"], None], name: str) -> None:
+    """Accept connections on ``server`` in a daemon thread, one daemon thread per connection
+    running ``handle(channel)``; stops when the server socket is closed."""
+    def accept() -> None:
+        while True:
+            try:
+                sock, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(Channel(sock),), daemon=True).start()
+    threading.Thread(target=accept, name=name, daemon=True).start()
