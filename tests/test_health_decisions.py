@@ -7,14 +7,14 @@ from hotspare.agent.inject import parse
 from hotspare.errors import ConfigError
 from hotspare.policy.decide import (Cordon, Fence, FormGeneration, HealthVerdict, Pause, Paused, Stop,
                                     StepFailed, WorkerExited, WorkerReady, apply, decide, observe)
-from hotspare.runtime.vote import fingerprint, row, tally
+from hotspare.runtime.vote import fingerprint, nonfinite_verdict, row, tally
 from test_policy import feed, running_view
 
 
 # ---------------------------------------------------------------- the vote
-def table(fps, nonfinite=(), pause=()):
+def table(fps, pause=()):
     world = len(fps)
-    return sum(row(world, r, fps[r], r in nonfinite, r in pause) for r in range(world))
+    return sum(row(world, r, fps[r], r in pause) for r in range(world))
 
 
 def test_one_flipped_bit_changes_the_fingerprint_even_in_odd_sized_tensors():
@@ -42,9 +42,16 @@ def test_fingerprint_is_ignored_on_steps_without_a_vote():
 
 
 def test_nan_on_some_ranks_is_a_fault_on_every_rank_it_is_the_model():
-    r = tally(table([0] * 4, nonfinite={1}), step=7, with_fingerprint=False)
-    assert r.suspects == (1,) and r.kind == "nonfinite"
-    assert not tally(table([0] * 4, nonfinite={0, 1, 2, 3}), step=7, with_fingerprint=False).failed
+    r = nonfinite_verdict(torch.tensor([0.0, 1.0, 0.0, 0.0]), step=7)
+    assert r.suspects == (1,) and r.kind == "nonfinite" and "step 7" in r.detail
+    assert not nonfinite_verdict(torch.ones(4), step=7).failed
+
+
+def test_fingerprints_of_any_64_bit_value_cross_the_float32_table_exactly():
+    fps = [-(1 << 63), (1 << 63) - 1, -1, 0x1234_5678_9ABC_DEF0]
+    t = table(fps)
+    from hotspare.runtime.vote import _fp_of
+    assert [_fp_of(t, r) for r in range(4)] == fps
 
 
 def test_one_rank_asked_to_pause_pauses_everyone_at_the_same_step():

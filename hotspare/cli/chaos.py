@@ -63,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         kinds = tuple(k for pair in zip(HEALTH_KINDS, KINDS) for k in pair) + KINDS[len(HEALTH_KINDS):]
         # enough device slots that cordoned devices (in quarantine for a few seconds) never starve
         # the spare pool
-        extra += ["--telemetry", "simulated", "--telemetry-period", "0.2",
+        # a vote every step: the bitwise oracle holds for silent corruption only if it is caught
+        # before the gradient average spreads it (see --fingerprint-every)
+        extra += ["--telemetry", "simulated", "--telemetry-period", "0.2", "--fingerprint-every", "1",
                   "--devices", str(args.nproc + args.spares + 2)]
     steps = args.steps
     if not steps and args.duration:

@@ -94,10 +94,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "reference, throughput vs peers, memory patterns, all-reduce bandwidth; see "
                         "`hotspare check admission`); a device that fails is quarantined and gets no "
                         "worker (default: off)")
-    h.add_argument("--fingerprint-every", type=int, default=1, metavar="STEPS",
-                   help="cross-replica parameter fingerprint vote every STEPS steps (0: off). Each vote "
-                        "runs inside the gradient exchange before the update, so a corrupt replica is "
-                        "caught before it spreads; it costs ~1 ms per 5M parameters (default: 1)")
+    h.add_argument("--fingerprint-every", type=int, default=10, metavar="STEPS",
+                   help="health vote every STEPS steps: the ranks compare parameter fingerprints (silent "
+                        "data corruption) and agree where a live migration pauses. 1 checks every step "
+                        "before its update, so a corrupt replica never reaches the others (strict; costs "
+                        "one tiny all-reduce per step); with N > 1 a corruption is caught within N steps "
+                        "but may reach the healthy replicas' updates first. 0: no fingerprint (votes "
+                        "every 10 steps only for migrations) (default: 10)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of the rendezvous store (default: 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=0,
                    help="port of the rendezvous store (default: 0, a free port)")

@@ -184,6 +184,11 @@ class Coordinator:
             return None
         if kind == "failed":
             health = msg.get("health")
+            if isinstance(health, dict) and msg["gen"] == self.view.generation:
+                said = ("vote", msg["gen"], health.get("step"))
+                if said not in self._health_said:     # every rank reports the same verdict
+                    self._health_said.add(said)
+                    self.log(f"VOTE    {str(health.get('detail', ''))[:500]}")
             if isinstance(health, dict) and self.health is not None and msg["gen"] == self.view.generation:
                 # Judge the suspects before the step failure is counted: they must not be a source.
                 self._health_readings(self.health.vote_readings(health, t), t, step=health.get("step"))

@@ -47,7 +47,7 @@ def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against rea
         fut.set_result(buf)
         return fut.then(_aborted(job.generation))
     try:
-        table = job._inspect_bucket(buf, bucket.is_last())   # NaN check; the last bucket votes
+        job._inspect_bucket(buf)     # this rank's own NaN/Inf, read only if the reduced ones are
     except Exception as e:
         job._note_comm_error(e)
         fut = torch.futures.Future()
@@ -57,25 +57,23 @@ def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against rea
     # result is bitwise equal to plain DDP's with the same layout.
     buf.mul_(1.0 / job.world_size)
     fut = dist.all_reduce(buf, async_op=True).get_future()
-    if table is None:
+    vote = job._take_vote() if bucket.is_last() else None
+    if vote is None:
         return fut.then(_checked(job))
-    # The health vote rides next to the last bucket, asynchronously like it: a verdict against
-    # this step fails the future on every rank alike, before the optimizer runs.
-    if job.world_size > 1:
-        vote = dist.all_reduce(table, async_op=True).get_future()
-    else:
-        vote = torch.futures.Future()
-        vote.set_result([table])
+    # The health vote, launched as the step began, has long arrived by now on healthy steps; a
+    # verdict against this step fails the future on every rank alike, before the optimizer runs.
     return torch.futures.collect_all([fut, vote]).then(_voted(job))
 
 
 def _checked(job):
     def done(f: torch.futures.Future) -> torch.Tensor:
         try:
-            return f.value()[0]
+            reduced = f.value()[0]
         except Exception as e:
             job._note_comm_error(e)
             raise
+        job._note_reduced(reduced)
+        return reduced
     return done
 
 
@@ -87,6 +85,7 @@ def _voted(job):
         except Exception as e:
             job._note_comm_error(e)
             raise
+        job._note_reduced(reduced)
         job._judge(table)            # raises HealthFault when the vote goes against this step
         return reduced
     return done

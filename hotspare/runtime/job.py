@@ -26,6 +26,7 @@ torch.distributed and DDP, so scripts can adopt hotspare gradually.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import math
 import os
@@ -45,14 +46,15 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
 from hotspare.runtime.persist import Persister
 from hotspare.runtime.state import StateRegistry
-from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, row, tally, word_views
+from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, nonfinite_verdict, row, tally, word_views
 from hotspare.transfer import broadcast_state
 
 ENV_AGENT = "HOTSPARE_AGENT"          # host:port of the node agent; its presence means "managed"
 ENV_WORKER = "HOTSPARE_WORKER_ID"
 ENV_ROLE = "HOTSPARE_ROLE"            # "active" or "spare"
 ENV_JOIN_TIMEOUT = "HOTSPARE_JOIN_TIMEOUT"   # seconds to form a generation's group
-ENV_FINGERPRINT_EVERY = "HOTSPARE_FINGERPRINT_EVERY"   # steps between parameter votes (0: off)
+ENV_FINGERPRINT_EVERY = "HOTSPARE_FINGERPRINT_EVERY"   # steps between health votes (0: no fingerprint)
+DEFAULT_VOTE_EVERY = 10   # steps between health votes; see runtime/vote.py for the trade-off
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
 _COMM_MARKERS = ("gloo/transport", "nccl", "connection reset", "connection closed",
@@ -106,9 +108,11 @@ class Job:
         self._aborted_upto = 0               # newest generation the coordinator aborted
         self._persist = Persister(self.registry)
         # In-process health signals (see runtime/vote.py).
-        self.fingerprint_every = int(os.environ.get(ENV_FINGERPRINT_EVERY, "1"))
+        self.fingerprint_every = int(os.environ.get(ENV_FINGERPRINT_EVERY, DEFAULT_VOTE_EVERY))
         self._params: list[torch.Tensor] | None = None   # integer views for the fingerprint
-        self._nonfinite: torch.Tensor | None = None   # this step's bucket sums (NaN/Inf propagates)
+        self._nonfinite: torch.Tensor | None = None   # this step's local bucket sums (NaN/Inf propagates)
+        self._reduced: list[torch.Tensor] = []        # ... and the reduced buckets' sums
+        self._vote: torch.futures.Future | None = None   # this step's vote, in flight since the step began
         self._health: VoteResult | None = None   # this step's failed vote
         self._exchange_t: float | None = None    # when this step reached the gradient exchange
         self._pause_gen = -1                     # a live migration asked this generation to pause
@@ -168,6 +172,7 @@ class Job:
         for name, obj in objects.items():
             self.registry.add(name, obj)
             if isinstance(obj, torch.optim.Optimizer):
+                obj.register_step_pre_hook(self._before_optimizer_step)
                 obj.register_step_post_hook(self._on_optimizer_step)
 
     def log(self, **metrics: float) -> None:
@@ -225,6 +230,7 @@ class Job:
         self._current = step
         self._comm_error = None
         self._nonfinite, self._health, self._exchange_t = None, None, None
+        self._reduced = []
         self._check_s = 0.0      # this step's health checks on this rank (NaN sums, fingerprint)
         self._fp_s = 0.0         # ... of which the parameter fingerprint
         while not self._faults.empty():
@@ -232,6 +238,7 @@ class Job:
         self._step_t0 = time.perf_counter()
         if self.managed:
             self._channel.send(make("step", gen=self.generation, rank=self.rank, step=step, total=self._total))
+            self._start_vote(step)
 
     def _on_optimizer_step(self, *_: Any) -> None:
         if self._current is not None:
@@ -239,6 +246,9 @@ class Job:
 
     def _exit_step(self, step: int, ev: BaseException | None) -> bool:
         self._current = None
+        if ev is None and self._vote is not None:
+            ev = self._settle_vote()     # a step without a DDP backward: judge its vote here
+        self._vote = None
         if ev is None:
             self.committed = self._applied = step
             now = time.perf_counter()
@@ -306,47 +316,107 @@ class Job:
             self._reducing_step = step
             self._channel.send(make("reducing", gen=self.generation, rank=self.rank, step=step))
 
-    def _inspect_bucket(self, buf: torch.Tensor, last: bool) -> torch.Tensor | None:
-        """Per gradient bucket, before it is reduced: note NaN/Inf. On the last bucket, return
-        this rank's row of the vote table; the comm hook reduces it next to the bucket and
-        ``_judge`` reads the verdict, all through futures: nothing here blocks on a peer (a
-        blocking collective in the hook would not be freed by an abort)."""
+    # ------------------------------------------------------------------ health vote (runtime/vote.py)
+    def _start_vote(self, step: int) -> None:
+        """On a vote step, launch the vote as the step begins: the parameters the step will use
+        are final by now, and the tiny all-reduce then runs while forward and backward compute;
+        the last gradient bucket waits for it, so a verdict still lands before any optimizer
+        steps."""
+        self._vote = None
+        if step % (self.fingerprint_every or DEFAULT_VOTE_EVERY) or self.world_size < 2 or not self._ddps \
+                or self._generation_broken():
+            return
         t0 = time.perf_counter()
+        with_fp = self.fingerprint_every > 0
+        if self._params is None:     # rebuilt after every join: a sync may have replaced tensors
+            self._params = word_views(p for ddp in self._ddps for p in ddp.module.parameters())
+        fp = fingerprint(views=self._params) if with_fp else 0
+        self._fp_s = time.perf_counter() - t0
+        self._voting = (step, with_fp)
+        table = row(self.world_size, self.rank, fp, self._pause_gen == self.generation)
+        if self._params and self._params[0].device.type != "cpu":
+            table = table.to(self._params[0].device)
         try:
-            return self._inspect(buf, last)
-        finally:
-            self._check_s += time.perf_counter() - t0
+            self._vote = dist.all_reduce(table, async_op=True).get_future()
+        except Exception as e:       # the generation broke under us: the step fails like any collective
+            self._note_comm_error(e)
+            self._vote = torch.futures.Future()
+            self._vote.set_exception(PeerFailure(f"health vote could not start: {e}"[:300]))
+        self._check_s += time.perf_counter() - t0
 
-    def _inspect(self, buf: torch.Tensor, last: bool) -> torch.Tensor | None:
+    def _take_vote(self) -> torch.futures.Future | None:
+        vote, self._vote = self._vote, None
+        return vote
+
+    def _settle_vote(self) -> BaseException | None:
+        """Judge a vote no gradient bucket consumed; the error that fails the step, if any."""
+        vote = self._take_vote()
+        try:
+            self._judge(vote.wait()[0])
+        except Exception as e:
+            if not isinstance(e, HealthFault):
+                self._note_comm_error(e)
+            return e
+        return None
+
+    def _inspect_bucket(self, buf: torch.Tensor) -> None:
+        """Per gradient bucket, before it is reduced: note whether this rank's own gradients hold
+        NaN/Inf. Only a sum, kept on the bucket's device; it is read only if the reduced
+        gradients turn out non-finite (then it says which rank produced them)."""
+        t0 = time.perf_counter()
         if self._nan_pending:        # injected `nan`: this rank's gradients of this step break
             self._nan_pending = False
             buf.view(-1)[0] = float("nan")
-        # A sum is NaN/Inf iff some element is (or it overflowed, itself a sign of trouble). Kept
-        # as a tensor on the bucket's device: no host sync per bucket on GPUs, one at the vote.
+        # A sum is NaN/Inf iff some element is (or it overflowed, itself a sign of trouble).
         total = buf.sum(dtype=torch.float32).reshape(1)
         self._nonfinite = total if self._nonfinite is None else self._nonfinite + total
-        if not last or self._current is None:
-            return None
-        step = self._current
-        with_fp = self.fingerprint_every > 0 and step % self.fingerprint_every == 0
-        if self._params is None:     # rebuilt after every join: a sync may have replaced tensors
-            self._params = word_views(p for ddp in self._ddps for p in ddp.module.parameters())
-        t_fp = time.perf_counter()
-        fp = fingerprint(views=self._params) if with_fp else 0
-        self._fp_s = time.perf_counter() - t_fp
-        nonfinite = bool(not torch.isfinite(self._nonfinite).all())
-        self._voting = (step, with_fp)
-        return row(self.world_size, self.rank, fp, nonfinite, self._pause_gen == self.generation).to(buf.device)
+        self._check_s += time.perf_counter() - t0
+
+    def _note_reduced(self, reduced: torch.Tensor) -> None:
+        """Per reduced bucket (in the reduction's callback): its sum, the same bits on every rank."""
+        self._reduced.append(reduced.sum(dtype=torch.float32).reshape(1))
 
     def _judge(self, table: torch.Tensor) -> None:
         """The summed vote table (same on every rank) -> this step's verdict; raises HealthFault."""
         step, with_fp = self._voting
         result = tally(table.cpu(), step, with_fp)
+        if result.kind == "fingerprint" and self.fingerprint_every > 1:
+            result = dataclasses.replace(result, detail=(
+                f"{result.detail}; the previous vote was {self.fingerprint_every} steps earlier, so the "
+                "corrupt values may have reached the other replicas' updates meanwhile "
+                "(--fingerprint-every 1 catches them before)"))
         if result.failed:
             self._health = result
             raise HealthFault(result)
         if result.pause:
             self._pause_at = step
+
+    def _before_optimizer_step(self, *_: Any) -> None:
+        """NaN/Inf in the reduced gradients: every rank sees the same reduced bits, so every rank
+        stops here alike, with no exchange on healthy steps. Only then do the ranks compare
+        their own gradients, to name the rank that produced the garbage."""
+        if not self.managed or self._current is None or not self._reduced:
+            return
+        t0 = time.perf_counter()
+        reduced, self._reduced = self._reduced, []
+        finite = bool(torch.isfinite(torch.cat(reduced)).all())
+        self._check_s += time.perf_counter() - t0
+        if finite:
+            return
+        mine = self._nonfinite is not None and not bool(torch.isfinite(self._nonfinite).all())
+        flags = torch.zeros(self.world_size, dtype=torch.float32, device=reduced[0].device)
+        flags[self.rank] = float(mine)
+        try:
+            dist.all_reduce(flags)
+        except Exception as e:
+            self._note_comm_error(e)
+            raise
+        result = nonfinite_verdict(flags.cpu(), self._current)
+        if result.failed:
+            self._health = result
+            raise HealthFault(result)
+        # Every rank's own gradients were non-finite: the script's numerics (e.g. a loss scaler
+        # overflowing), deterministic on every replica; not a hardware fault, so let it through.
 
     def _apply_fault(self, fault: dict[str, Any]) -> None:
         """An injected worker fault (hotspare run --inject), carried out for real."""

@@ -1,24 +1,31 @@
 """The per-step health vote: silent data corruption, NaN gradients and step-boundary agreement.
 
-Data-parallel replicas hold bitwise identical parameters. Once per step (every
-``fingerprint_every`` steps for the fingerprint), inside the last gradient bucket's reduction and
-before it is applied, every rank contributes one row to a tiny all-reduce::
+Data-parallel replicas hold bitwise identical parameters. As each step begins (the fingerprint
+every ``fingerprint_every`` steps), every rank contributes one row to a tiny asynchronous
+all-reduce::
 
-    [parameter fingerprint, NaN/Inf seen in my gradients, I was asked to pause]
+    [parameter fingerprint, I was asked to pause]
 
 Summing rows that are zero except at the owner's slot is an all-gather, so every rank sees the
-same table and reaches the same verdict without another round trip:
+same table and reaches the same verdict. The all-reduce runs while forward and backward compute;
+the last gradient bucket's reduction waits for it, so the verdict lands before any optimizer
+steps:
 
-* a rank whose fingerprint differs from the majority holds corrupt parameters;
-* a rank (not all of them) whose gradients held NaN/Inf computed garbage;
-* either way the step fails on every rank *before* the optimizer applies it, so no corrupt
-  value reaches a healthy replica, and the coordinator replaces the suspect from one of them;
+* a rank whose fingerprint differs from the majority holds corrupt parameters: the step fails on
+  every rank before its update, so no corrupt value reaches a healthy replica, and the
+  coordinator replaces the suspect from one of them;
 * a pause request (a live migration) makes every rank stop after this same step.
+
+NaN/Inf needs no exchange on healthy steps: every rank sees the same reduced gradients, so every
+rank finds them non-finite alike, just before the optimizer would step. Only then do the ranks
+swap one flag each, whether their own gradients were non-finite (``nonfinite_verdict``), to name
+the rank that produced them.
 
 The fingerprint is a wrapping int64 word-sum of the parameters' bytes: any single flipped bit
 changes it, it costs one pass over the parameters (~0.25 ms for the 0.9M-parameter example GPT,
-~1.2 ms for the 4.9M one, on one CPU core), and it needs no hashing library. It is not a cryptographic hash; two corruptions could in
-principle cancel, which a vote at every step makes vanishingly unlikely.
+~1.2 ms for the 4.9M one, on one CPU core), and it needs no hashing library. It is not a
+cryptographic hash; two corruptions could in principle cancel, which a vote at every step makes
+vanishingly unlikely.
 """
 from __future__ import annotations
 
@@ -30,8 +37,6 @@ import torch
 
 from hotspare.errors import HotspareError
 
-FP, NONFINITE, PAUSE = range(3)
-COLUMNS = 3
 _MASK = (1 << 64) - 1
 
 
@@ -85,20 +90,21 @@ def fingerprint(tensors: Iterable[torch.Tensor] | None = None, *, views: list[to
 
 CHUNK_BITS = 16
 CHUNKS = 64 // CHUNK_BITS        # the fingerprint travels as 4 exact 16-bit pieces
+FP, PAUSE = 0, CHUNKS            # columns of a row: the fingerprint's pieces, then the pause flag
+COLUMNS = CHUNKS + 1
 
 
-def row(world: int, rank: int, fp: int, nonfinite: bool, pause: bool) -> torch.Tensor:
+def row(world: int, rank: int, fp: int, pause: bool) -> torch.Tensor:
     """This rank's row of the vote table, zeros elsewhere. Floating point like the gradients
     (every value is a small integer, exact in float32), so the vote is reduced by the same
     kind of collective as the buckets: with an int64 table, a gloo all-reduce in flight when
     a peer died and the generation was aborted hung in about 1 of 10 runs here (the worker
     then blocks in the process group's destructor); float32 did not in 20 runs."""
-    table = torch.zeros(world, COLUMNS + CHUNKS - 1, dtype=torch.float32)
+    table = torch.zeros(world, COLUMNS, dtype=torch.float32)
     u = fp & _MASK
     for i in range(CHUNKS):
         table[rank, FP + i] = (u >> (CHUNK_BITS * i)) & ((1 << CHUNK_BITS) - 1)
-    table[rank, NONFINITE + CHUNKS - 1] = float(nonfinite)
-    table[rank, PAUSE + CHUNKS - 1] = float(pause)
+    table[rank, PAUSE] = float(pause)
     return table
 
 
@@ -110,11 +116,7 @@ def _fp_of(table: torch.Tensor, r: int) -> int:
 def tally(table: torch.Tensor, step: int, with_fingerprint: bool) -> VoteResult:
     """The verdict every rank computes from the summed table (pure; same on every rank)."""
     world = table.shape[0]
-    pause = bool(table[:, PAUSE + CHUNKS - 1].any())
-    bad = [r for r in range(world) if table[r, NONFINITE + CHUNKS - 1]]
-    if bad and len(bad) < world:
-        return VoteResult(tuple(bad), "nonfinite", f"NaN/Inf in the gradients of rank(s) {bad} at step {step} "
-                          f"while the other {world - len(bad)} computed finite ones", pause)
+    pause = bool(table[:, PAUSE].any())
     if with_fingerprint and world > 1:
         fps = [_fp_of(table, r) for r in range(world)]
         counts = collections.Counter(fps).most_common()
@@ -127,3 +129,15 @@ def tally(table: torch.Tensor, step: int, with_fingerprint: bool) -> VoteResult:
             return VoteResult(tuple(range(world)), "fingerprint", f"replicas disagree at step {step} and no "
                               f"majority exists ({[c for _, c in counts]}): no copy can be trusted", pause)
     return VoteResult((), "", "", pause)
+
+
+def nonfinite_verdict(flags: torch.Tensor, step: int) -> VoteResult:
+    """Which ranks' own gradients held NaN/Inf, once the reduced ones did (pure). All of them:
+    the script's numerics, the same on every replica, not a fault. Some: those ranks computed
+    garbage."""
+    world = flags.shape[0]
+    bad = [r for r in range(world) if flags[r]]
+    if bad and len(bad) < world:
+        return VoteResult(tuple(bad), "nonfinite", f"NaN/Inf in the gradients of rank(s) {bad} at step {step} "
+                          f"while the other {world - len(bad)} computed finite ones", False)
+    return VoteResult((), "", "", False)
