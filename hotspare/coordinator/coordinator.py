@@ -196,6 +196,7 @@ class Coordinator:
         if kind == "paused":
             m = next((m for m in reversed(self.ledger.migrations) if m.generation is None), None)
             if m is not None:
+                m.stopped_at = min(m.stopped_at or t, t)
                 m.paused_at = max(m.paused_at or 0.0, t)
             return policy.Paused(worker, msg["rank"], msg["gen"], msg["committed"])
         if kind == "handed_off":

@@ -71,6 +71,7 @@ class MigrationRecord:
     spare: str
     worker: str                       # the worker that left
     fault_at: float | None = None     # injected faults: when the device started to degrade
+    stopped_at: float | None = None   # the first rank left the generation: training stands still
     paused_at: float | None = None    # every rank stopped at the boundary
     generation: int | None = None
     target_step: int | None = None
@@ -86,6 +87,10 @@ class MigrationRecord:
         d["downtime_s"] = (None if self.first_commit_at is None
                            else round(self.first_commit_at - self.signal_at, 6))
         d["pause_s"] = None if self.paused_at is None else round(self.paused_at - self.signal_at, 6)
+        # Training goes on until the agreed boundary (the next vote step); it stands still only
+        # from the first rank leaving to the first step committed with the spare.
+        d["stall_s"] = (None if self.first_commit_at is None or self.stopped_at is None
+                        else round(self.first_commit_at - self.stopped_at, 6))
         d["detection_latency_s"] = None if self.fault_at is None else round(self.signal_at - self.fault_at, 6)
         return d
 
@@ -167,8 +172,12 @@ class Ledger:
             "devices": self.devices,
             "wall_time_s": round(time.time() - self.started, 3),
             "median_step_time_s": round(statistics.median(self.step_times), 6) if self.step_times else None,
-            # the per-step health vote (fingerprint, NaN check) inside the gradient exchange
-            "median_health_check_s": round(statistics.median(self.check_times), 6) if self.check_times else None,
-            "median_fingerprint_s": (round(statistics.median(self.fingerprint_times), 6)
-                                     if self.fingerprint_times else None),
+            # the mean counts what happens every N steps only (a periodic vote, a checkpoint)
+            "mean_step_time_s": (round(statistics.fmean(self.step_times[5:] or self.step_times), 6)
+                                 if self.step_times else None),
+            # the health checks measured inside the step on rank 0 (NaN sums, the fingerprint and
+            # the vote's launch), averaged over every step: the vote runs every N steps
+            "health_check_s_per_step": round(statistics.fmean(self.check_times), 6) if self.check_times else None,
+            "fingerprint_s_per_step": (round(statistics.fmean(self.fingerprint_times), 6)
+                                       if self.fingerprint_times else None),
         }
