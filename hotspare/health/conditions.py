@@ -37,6 +37,7 @@ from hotspare.health.types import Reading
 
 # ---------------------------------------------------------------------------- metric vocabulary
 NUMBER, COUNTER, BITMASK, FLAG, CHOICE, CODES = "number", "counter", "bitmask", "flag", "choice", "codes"
+NOTE = "note"     # a message, present only when something is wrong: true on its own, shown in reasons
 METRIC_KINDS: dict[str, str] = {
     T.TEMP_C: NUMBER, T.MEM_TEMP_C: NUMBER, T.THERMAL_MARGIN_C: NUMBER,
     T.CLOCK_EVENT_REASONS: BITMASK, T.POWER_W: NUMBER,
@@ -48,11 +49,13 @@ METRIC_KINDS: dict[str, str] = {
     T.XIDS: CODES, T.RECOVERY_ACTION: CHOICE,
     T.STEP_COMPUTE_S: NUMBER, T.STEP_COMM_S: NUMBER, T.STRAGGLER_SCORE: NUMBER,
     T.NONFINITE: FLAG, T.FINGERPRINT_MISMATCH: FLAG,
+    T.MONITOR_UNRESPONSIVE: NOTE, T.DEVICE_ERROR: NOTE, T.MONITOR_STALLED_PERIODS: NUMBER,
 }
 CHOICES: dict[str, tuple[str, ...]] = {
     T.RECOVERY_ACTION: ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"),
 }
-_VALUE_TYPE = {NUMBER: "num", COUNTER: "num", BITMASK: "num", FLAG: "bool", CHOICE: "str", CODES: "codes"}
+_VALUE_TYPE = {NUMBER: "num", COUNTER: "num", BITMASK: "num", FLAG: "bool", CHOICE: "str", CODES: "codes",
+               NOTE: "bool"}
 
 
 # ---------------------------------------------------------------------------- condition AST
@@ -510,6 +513,8 @@ def _read(metrics: Mapping[str, Any], name: str) -> Any:
         return raw
     if kind == FLAG:
         return bool(raw) if isinstance(raw, (bool, int)) else None
+    if kind == NOTE:
+        return raw if isinstance(raw, str) and raw else None
     if kind == CHOICE:
         return raw if isinstance(raw, str) else None
     if isinstance(raw, int) and not isinstance(raw, bool):             # CODES: one code or a list of them

@@ -67,6 +67,9 @@ class Policy:
     straggler_score_min: float = field(default=0.75, metadata={
         "doc": "`policy.straggler_score_min` in rules: a straggler score below it is slow "
                "(nvidia-resiliency-ext default)"})
+    monitor_wedged_periods: float = field(default=6.0, metadata={
+        "doc": "`policy.monitor_wedged_periods` in rules: a telemetry call hung this many poll periods "
+               "means a wedged driver (reported from 3 periods on: 'watch, then cordon')"})
 
     def constants(self) -> dict[str, float]:
         """The values conditions and reasons may name as ``policy.<field>``."""

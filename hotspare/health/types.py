@@ -42,6 +42,11 @@ STEP_COMM_S = "step_comm_s"                # time waiting on the gradient exchan
 STRAGGLER_SCORE = "straggler_score"        # peers' median compute time / this rank's (1.0 = typical, <1 slower)
 NONFINITE = "nonfinite"                    # bool: NaN/Inf in this rank's gradients this step
 FINGERPRINT_MISMATCH = "fingerprint_mismatch"  # bool: this rank lost the cross-replica parameter vote
+# Added by the telemetry layer (telemetry/poller.py, telemetry/nvml.py); human-readable strings,
+# present only when something is wrong.
+MONITOR_UNRESPONSIVE = "monitor_unresponsive"  # str: why the source is considered wedged (row 30)
+MONITOR_STALLED_PERIODS = "monitor_stalled_periods"  # number: how long the poll in progress has hung, in periods
+DEVICE_ERROR = "device_error"                  # str: the error the device answered with, e.g. "GPU is lost"
 
 # --- actions, mildest first ----------------------------------------------------------------------
 IGNORE = "ignore"

@@ -285,7 +285,7 @@ def test_poller_polls_at_its_period():
     assert 4 <= len(got.batches) <= 9, len(got.batches)     # 7 or 8 on an idle machine
     gaps = [b - a for a, b in zip(got.times, got.times[1:])]
     assert 0.07 < sum(gaps) / len(gaps) < 0.2, gaps
-    assert all(len(b) == 2 and MONITOR_UNRESPONSIVE not in b[0].metrics for b in got.batches)
+    assert all(len(b) == 2 and b[0].metrics[MONITOR_UNRESPONSIVE] == "" for b in got.batches)
 
 
 def test_poller_reports_a_wedged_source_after_three_periods_then_recovers():
@@ -300,13 +300,34 @@ def test_poller_reports_a_wedged_source_after_three_periods_then_recovers():
         first_report = time.monotonic() - t0
         assert poller.unresponsive is not None
         time.sleep(1.0)
-    flagged = [b for b in got.batches if MONITOR_UNRESPONSIVE in b[0].metrics]
+    flagged = [b for b in got.batches if b[0].metrics.get(MONITOR_UNRESPONSIVE)]
     assert 0.28 <= first_report < 1.0, first_report          # 3 x 0.1 s, plus scheduling
     assert [r.device for r in flagged[0]] == ["n1/cpu0", "n1/cpu1"]
     assert "has not returned" in flagged[0][0].metrics[MONITOR_UNRESPONSIVE]
     assert 2 <= len(flagged) <= 6                     # repeated each period while stuck
     assert T.TEMP_C in got.batches[-1][0].metrics    # answering again
     assert poller.unresponsive is None and poller.polls >= 3
+
+
+def test_a_hung_monitor_is_watched_then_its_device_is_cordoned_by_the_default_rules():
+    # Row 30 end to end: a poll() that really blocks, the poller's reports, the default rules.
+    from hotspare.health.rules import evaluate, load_rules, worst
+    rules = load_rules()
+    src = SimulatedSource(1, node="n1")
+    src.stall(1.2)
+    got = Collector()
+    with Poller(src, got, period_s=0.1):
+        time.sleep(1.6)
+    history, actions = [], []
+    for batch in got.batches:
+        history += [r for r in batch if r.device == "n1/cpu0"]
+        v = worst(evaluate(rules, history, history[-1].time))
+        actions.append(v.action if v else None)
+    stalled = [b[0].metrics[T.MONITOR_STALLED_PERIODS] for b in got.batches if b[0].metrics.get(MONITOR_UNRESPONSIVE)]
+    assert stalled == sorted(stalled) and 2.8 <= stalled[0] < 4 and stalled[-1] >= 6, stalled
+    first_cordon = actions.index(T.QUARANTINE)
+    assert actions[0] == T.WATCH and set(actions[:first_cordon]) == {T.WATCH}, actions
+    assert actions[-1] is None          # answering again: nothing fires on fresh nominal readings
 
 
 class RaisingSource(TelemetrySource):
@@ -342,7 +363,7 @@ def test_poller_survives_a_raising_source_and_a_raising_callback():
     with poller:
         time.sleep(0.5)
         assert poller._thread.is_alive()
-    flagged = [b[0].metrics[MONITOR_UNRESPONSIVE] for b in got.batches if MONITOR_UNRESPONSIVE in b[0].metrics]
+    flagged = [b[0].metrics[MONITOR_UNRESPONSIVE] for b in got.batches if b[0].metrics.get(MONITOR_UNRESPONSIVE)]
     assert flagged and all("raised RuntimeError: driver said no" in f for f in flagged)
     assert any(T.TEMP_C in b[0].metrics for b in got.batches)
 

@@ -15,12 +15,10 @@ from __future__ import annotations
 import abc
 import socket
 
-from hotspare.health.types import Reading
-
-# Two metric names the telemetry layer adds to the vocabulary in types.py (rule 30 of the
-# reference table, and rule 3's "NVML GPU_IS_LOST errors"). Values are human-readable strings.
-MONITOR_UNRESPONSIVE = "monitor_unresponsive"  # str: why the source is considered wedged
-DEVICE_ERROR = "device_error"                  # str: the error the device answered with, e.g. "GPU is lost"
+# DEVICE_ERROR and MONITOR_UNRESPONSIVE are the two metrics the telemetry layer itself reports
+# (rule 3's "NVML GPU_IS_LOST errors" and rule 30 of the reference table); defined with the
+# vocabulary, re-exported here.
+from hotspare.health.types import DEVICE_ERROR, MONITOR_UNRESPONSIVE, Reading  # noqa: F401
 
 
 def default_node() -> str:

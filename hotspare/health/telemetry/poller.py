@@ -3,13 +3,17 @@
 Every ``period_s`` the poller calls ``source.poll()`` in a helper thread and waits for it. A call
 that raises, or has not returned after ``3 x period_s`` (rule 30 of the reference table: a wedged
 driver is likely), is reported as readings that carry ``monitor_unresponsive`` (a string saying
-why) for each device the source last named; while a call stays stuck that report repeats every
-period, and no second call is started. When the stuck call finally returns, its readings are
-delivered late and the source counts as responsive again. Nothing the source or the callback
+why) and ``monitor_stalled_periods`` (how long the call has hung, in poll periods; 0 for a call
+that raised) for each device the source last named; while a call stays stuck that report repeats
+every period, and no second call is started. When the stuck call finally returns, its readings are
+delivered late and the source counts as responsive again. Readings of a call that answered carry
+``monitor_unresponsive = ""`` and ``monitor_stalled_periods = 0``, so a rule on them sees the
+monitor's current state. Nothing the source or the callback
 does stops the poller; only :meth:`Poller.stop` does.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -17,7 +21,7 @@ from collections.abc import Callable
 
 from hotspare.errors import ConfigError
 from hotspare.health.telemetry.base import MONITOR_UNRESPONSIVE, TelemetrySource
-from hotspare.health.types import Reading
+from hotspare.health.types import MONITOR_STALLED_PERIODS, Reading
 
 log = logging.getLogger("hotspare.health")
 
@@ -95,14 +99,15 @@ class Poller:
         except Exception:  # noqa: BLE001 - a broken consumer must not stop the polling
             log.exception("telemetry %s: the readings callback raised", self.source.name)
 
-    def _report(self, reason: str) -> None:
+    def _report(self, reason: str, stalled_s: float = 0.0) -> None:
         self.failures += 1
         if self.unresponsive is None:
             log.warning("telemetry %s unresponsive: %s", self.source.name, reason)
         self.unresponsive = reason
         now = time.time()
-        self._deliver([Reading(device=d, time=now, source=self.source.name,
-                               metrics={MONITOR_UNRESPONSIVE: reason}) for d in self._devices])
+        metrics = {MONITOR_UNRESPONSIVE: reason, MONITOR_STALLED_PERIODS: round(stalled_s / self.period_s, 2)}
+        self._deliver([Reading(device=d, time=now, source=self.source.name, metrics=dict(metrics))
+                       for d in self._devices])
 
     def _run(self) -> None:
         name = self.source.name
@@ -118,13 +123,17 @@ class Poller:
                     waited = time.monotonic() - t0
                     self._report(f"{name} poll() has not returned after {waited:.2f} s "
                                  f"(limit {self.unresponsive_after_s:g} s = "
-                                 f"{self.unresponsive_after_s / self.period_s:g} x the {self.period_s:g} s period)")
+                                 f"{self.unresponsive_after_s / self.period_s:g} x the {self.period_s:g} s period)",
+                                 waited)
                     deadline = time.monotonic() + self.period_s
             if call.error is not None:
                 e = call.error
                 self._report(f"{name} poll() raised {type(e).__name__}: {e}")
             else:
-                readings = list(call.result or [])
+                # "answering": so rules on the monitor's own health read the current state, not
+                # the last report of a stall
+                fine = {MONITOR_UNRESPONSIVE: "", MONITOR_STALLED_PERIODS: 0.0}
+                readings = [dataclasses.replace(r, metrics={**r.metrics, **fine}) for r in call.result or []]
                 if self.unresponsive is not None:
                     log.warning("telemetry %s answers again after %.2f s", name, time.monotonic() - t0)
                 self.unresponsive = None
