@@ -27,6 +27,7 @@ import datetime
 import json
 import math
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -88,26 +89,44 @@ def per_kind(model: str, steps: int) -> dict[str, dict]:
 
 
 # ---------------------------------------------------------------------------- 2. overhead
-def _median_step(cmd: list[str], stats: str, env: dict) -> float:
+def _measured_run(cmd: list[str], stats: str, env: dict) -> tuple[float, float]:
+    """(median step time, CPU seconds of every process of the job) for one run. The CPU time is
+    that of the launcher and everything it waited for: workers, the spare, their gloo threads."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    times = json.load(open(stats))["step_times"]
-    return statistics.median(times[5:])             # skip warm-up steps
+    with open(stats) as f:
+        times = json.load(f)["step_times"]
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return statistics.median(times[5:]), cpu             # skip warm-up steps
 
 
 def overhead(model: str, steps: int, rounds: int) -> dict:
+    """Wall: the median step of a run of ``steps``. CPU per step: the difference between that run
+    and one of ``steps // 5``, over the steps between (start-up and teardown cancel out): far less
+    noisy than wall time on a shared machine, and it counts everything hotspare adds."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    hs, tr = [], []
+    short = max(10, steps // 5)
+    out: dict[str, list[float]] = {k: [] for k in ("torchrun_median_step_s", "hotspare_median_step_s",
+                                                    "torchrun_cpu_per_step_s", "hotspare_cpu_per_step_s")}
+    launchers = {
+        "torchrun": lambda: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                             "--master-port", str(free_port())],
+        "hotspare": lambda: [sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1", "--"],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         stats = os.path.join(tmp, "stats.json")
-        args = [str(EXAMPLE), "--model", model, "--steps", str(steps), "--stats", stats]
         for _ in range(rounds):
-            tr.append(_median_step([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-                                    "--master-port", str(free_port()), *args], stats, env))
-            hs.append(_median_step([sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1",
-                                    "--", *args], stats, env))
-    ratio = statistics.median(h / t for h, t in zip(hs, tr))
-    return {"torchrun_median_step_s": tr, "hotspare_median_step_s": hs, "ratio": ratio}
+            for name, launcher in launchers.items():
+                runs = {n: _measured_run([*launcher(), str(EXAMPLE), "--model", model, "--steps", str(n),
+                                          "--stats", stats], stats, env) for n in (short, steps)}
+                out[f"{name}_median_step_s"].append(runs[steps][0])
+                out[f"{name}_cpu_per_step_s"].append((runs[steps][1] - runs[short][1]) / (steps - short))
+    pairs = zip(out["hotspare_median_step_s"], out["torchrun_median_step_s"])
+    cpu_pairs = zip(out["hotspare_cpu_per_step_s"], out["torchrun_cpu_per_step_s"])
+    return {**out, "ratio": statistics.median(h / t for h, t in pairs),
+            "cpu_ratio": statistics.median(h / t for h, t in cpu_pairs)}
 
 
 # ---------------------------------------------------------------------------- 3. transfer
@@ -304,10 +323,13 @@ def _section1(model, steps, quick, results, summary) -> None:
 def _section2(model, steps, rounds, results, summary) -> None:
     print("\n2. steady-state overhead vs plain torchrun (same script, median step time)", flush=True)
     ov = overhead(model, steps, rounds)
-    for t, h in zip(ov["torchrun_median_step_s"], ov["hotspare_median_step_s"]):
-        print(f"   torchrun {1000 * t:7.1f} ms   hotspare {1000 * h:7.1f} ms   ratio {h / t:.4f}")
+    for t, h, tc, hc in zip(ov["torchrun_median_step_s"], ov["hotspare_median_step_s"],
+                            ov["torchrun_cpu_per_step_s"], ov["hotspare_cpu_per_step_s"]):
+        print(f"   torchrun {1000 * t:7.1f} ms   hotspare {1000 * h:7.1f} ms   ratio {h / t:.4f}   "
+              f"CPU per step: torchrun {1000 * tc:7.1f} ms   hotspare {1000 * hc:7.1f} ms   ratio {hc / tc:.4f}")
     results["overhead"] = ov
     summary.append(f"   hotspare / torchrun step time      {ov['ratio']:.4f}   (target < 1.005)")
+    summary.append(f"   hotspare / torchrun CPU per step   {ov['cpu_ratio']:.4f}   (all processes of the job)")
 
 
 def _section3(model, reps, results, summary) -> None:
