@@ -38,6 +38,17 @@ def test_hang_is_detected_by_heartbeat_fenced_and_replaced(reference):
     assert 0.5 < f["detection_latency_s"] < 10       # threshold 1 s: far below any collective timeout
 
 
+def test_a_rank_stuck_computing_is_found_by_probing_and_fenced(reference):
+    # Not stopped (the kernel shows it running) and not dead: rank 2 computes 100x slower from step
+    # 11 on. The stall makes the coordinator probe every rank; rank 2 answers that it never
+    # entered step 11's exchange while the others wait in it, so it alone is fenced.
+    r = run_job(ARGS, inject=["slow:rank=2:factor=100:step=11"], extra=FAST)
+    rep = assert_memory_recovery(r, reference, 1)
+    f = rep["failures"][0]
+    assert f["kind"] == "hang" and f["rank"] == 2, f
+    assert "never reached the gradient exchange" in r.output
+
+
 def test_abrupt_exit_with_a_status(reference):
     rep = assert_memory_recovery(run_job(ARGS, inject=["exit:rank=2:step=13:code=7"]), reference, 1)
     assert rep["failures"][0]["kind"] == "exit 7"

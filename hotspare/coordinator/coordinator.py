@@ -42,6 +42,7 @@ class Coordinator:
         self.progress_at = time.time()          # last commit, or the current generation forming
         self.recovering_since: float | None = None
         self.reducing: dict[int, int] = {}      # rank -> last step whose exchange it entered
+        self._probed_at = 0.0                   # when the ranks were last asked where they are
         self.fenced: dict[str, tuple[float, str]] = {}
         self.injected_at: dict[str, tuple[Any, float]] = {}
         self.exit_code: int | None = None
@@ -151,7 +152,19 @@ class Coordinator:
         elif len(self.joined) < len(self.view.members) or not self.committed_in_gen:
             limit += self.join_timeout
         since = 0.0 if self.recovering_since is None else now - self.recovering_since
+        self._probe(now, now - self.progress_at, limit)
         self._signal(policy.Tick(activity, now - self.progress_at, since, limit), now)
+
+    def _probe(self, now: float, stalled: float, limit: float) -> None:
+        """Past half the hang threshold, ask every rank (again every tenth of it) which step's
+        gradient exchange it entered last; the answers ("reducing") reach the hang detector
+        before the threshold. A rank that cannot answer keeps its older answer: it is behind."""
+        if self.view.phase != "running" or stalled < limit / 2 or now - self._probed_at < max(0.2, limit / 10):
+            return
+        self._probed_at = now
+        for r, w in self.view.members.items():
+            if r not in self.view.lost:
+                self.agent.send(w, make("probe", gen=self.view.generation))
 
     def _to_signal(self, worker: str, msg: dict[str, Any], t: float) -> policy.Signal | None:
         kind = msg["type"]

@@ -29,7 +29,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"worker": _STR, "pid": _INT, "role": _STR},
     "ready": {"worker": _STR, "committed": _INT},
     "step": {"gen": _INT, "rank": _INT, "step": _INT},
-    "reducing": {"gen": _INT, "rank": _INT, "step": _INT},
+    "reducing": {"gen": _INT, "rank": _INT, "step": _INT},    # the answer to a probe
     "joining": {"gen": _INT, "rank": _INT},
     "transfer": {"gen": _INT, "rank": _INT, "role": _STR},
     "checkpointed": {"gen": _INT, "rank": _INT, "step": _INT, "path": _STR},
@@ -49,6 +49,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "checkpoint_now": {"directory": _STR},
     "fault": {"kind": _STR, "params": _DICT},
     "pause": {"gen": _INT, "reason": _STR},
+    "probe": {"gen": _INT},          # a stall: which step's gradient exchange did you enter last?
     "handoff": {"gen": _INT, "rank": _INT, "handoff": _STR},
     # operator (hotspare inject) <-> launcher
     "inject": {"spec": _STR},

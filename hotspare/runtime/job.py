@@ -305,16 +305,17 @@ class Job:
         return isinstance(ev, RuntimeError) and any(m in text for m in _COMM_MARKERS)
 
     def _entering_reduction(self) -> None:
-        """Called by the comm hook on each bucket: tell the agent once per step that this rank
-        reached the gradient exchange (the hang detector tells the stuck rank from the waiting)."""
+        """Called by the comm hook on each bucket: note that this rank reached this step's
+        gradient exchange. Nothing is sent: when the job stalls, the coordinator probes every
+        rank, and the control thread answers with this (the hang detector tells the stuck rank
+        from the ones waiting in the exchange)."""
         step = self._current
         if self._exchange_t is None and step is not None:
             if self._slow > 1.0:     # injected `slow`: this worker really computes F times slower
                 time.sleep((self._slow - 1.0) * (time.perf_counter() - self._step_t0))
             self._exchange_t = time.perf_counter()
-        if step is not None and step != self._reducing_step and self._channel is not None:
+        if step is not None:
             self._reducing_step = step
-            self._channel.send(make("reducing", gen=self.generation, rank=self.rank, step=step))
 
     # ------------------------------------------------------------------ health vote (runtime/vote.py)
     def _start_vote(self, step: int) -> None:
@@ -649,6 +650,11 @@ class Job:
                     self._faults.put(msg)
                 elif msg["type"] == "pause":          # live migration: stop after the next step
                     self._pause_gen = msg["gen"]
+                elif msg["type"] == "probe":          # the job stalls: where is this rank?
+                    if msg["gen"] == self.generation and self.rank is not None:
+                        step = self._reducing_step
+                        self._channel.send(make("reducing", gen=self.generation, rank=self.rank,
+                                                step=-1 if step is None else step))
                 else:
                     self._inbox.put(msg)
         except (OSError, ProtocolError) as e:
