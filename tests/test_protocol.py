@@ -34,3 +34,14 @@ def test_inject_grammar():
                         ("kill:rank=1:step=-3", ">= 0"), ("kill:rank=1:step=2:color=red", "bad field")]:
         with pytest.raises(ConfigError, match=match):
             parse(spec, world_size=4)
+
+
+def test_workers_report_step_starts_only_while_a_fault_waits_to_fire():
+    from hotspare.agent.inject import Injector
+    inj = Injector([parse("kill:rank=1:step=3", world_size=4)])
+    assert inj.pending()
+    assert inj.at_step(1, 2) is None and inj.pending()
+    assert inj.at_step(1, 3) is not None and not inj.pending()     # fired: the agent stops watching
+    inj.add(parse("thermal:rank=0:temp=95", world_size=4, running=True))
+    assert inj.pending()                                              # armed at run time: watching again
+    assert decode(encode(make("watch", steps=False)))["steps"] is False

@@ -207,6 +207,11 @@ class Injector:
         with self._lock:
             self.faults.append(fault)
 
+    def pending(self) -> bool:
+        """Some fault has not fired yet: the agent must see every step begin."""
+        with self._lock:
+            return any(not f.fired for f in self.faults)
+
     def at_step(self, rank: int, step: int) -> Fault | None:
         self.max_step = max(self.max_step, step)
         return self._take(lambda f: f.phase is None and f.rank == rank

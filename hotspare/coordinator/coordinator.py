@@ -256,6 +256,7 @@ class Coordinator:
             return make("control_reply", ok=False, message=f"{fault.kind} faults need simulated telemetry "
                         "(hotspare run --telemetry simulated)")
         self.agent.injector.add(fault)
+        self.agent.watch_steps()
         when = f"at step {fault.step}" if fault.step is not None else "at its next step"
         self.log(f"OPERATOR inject {fault}: fires on rank {fault.rank} {when}")
         return make("control_reply", ok=True, message=f"{fault} armed: fires on rank {fault.rank} {when}")
@@ -292,6 +293,8 @@ class Coordinator:
     # ------------------------------------------------------------------ bookkeeping
     def _on_commit(self, msg: dict[str, Any], t: float) -> None:
         rank, step = msg["rank"], msg["step"]
+        if self.ledger.total_steps is None and isinstance(msg.get("total"), int):
+            self.ledger.total_steps = msg["total"]
         self.progress_at = max(self.progress_at, t)
         self.committed_in_gen = True
         check, fp = (msg.get(k) if isinstance(msg.get(k), (int, float)) else None for k in ("check", "fp"))

@@ -28,7 +28,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     # worker -> agent
     "hello": {"worker": _STR, "pid": _INT, "role": _STR},
     "ready": {"worker": _STR, "committed": _INT},
-    "step": {"gen": _INT, "rank": _INT, "step": _INT},
+    "step": {"gen": _INT, "rank": _INT, "step": _INT},        # only while the agent watches steps
     "reducing": {"gen": _INT, "rank": _INT, "step": _INT},    # the answer to a probe
     "joining": {"gen": _INT, "rank": _INT},
     "transfer": {"gen": _INT, "rank": _INT, "role": _STR},
@@ -49,7 +49,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "checkpoint_now": {"directory": _STR},
     "fault": {"kind": _STR, "params": _DICT},
     "pause": {"gen": _INT, "reason": _STR},
-    "probe": {"gen": _INT},          # a stall: which step's gradient exchange did you enter last?
+    "probe": {"gen": _INT},
+    "watch": {"steps": (bool,)},     # send a "step" message as each step begins (armed faults)          # a stall: which step's gradient exchange did you enter last?
     "handoff": {"gen": _INT, "rank": _INT, "handoff": _STR},
     # operator (hotspare inject) <-> launcher
     "inject": {"spec": _STR},

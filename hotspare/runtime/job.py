@@ -105,6 +105,7 @@ class Job:
         self._ddps: list[torch.nn.Module] = []
         self.step_times: list[float] = []   # seconds per committed step on this rank
         self._reducing_step: int | None = None
+        self._watched = False                # the agent wants a message as each step begins
         self._aborted_upto = 0               # newest generation the coordinator aborted
         self._persist = Persister(self.registry)
         # In-process health signals (see runtime/vote.py).
@@ -237,7 +238,8 @@ class Job:
             self._apply_fault(self._faults.get())
         self._step_t0 = time.perf_counter()
         if self.managed:
-            self._channel.send(make("step", gen=self.generation, rank=self.rank, step=step, total=self._total))
+            if self._watched:    # a fault is armed somewhere: the agent triggers it on step boundaries
+                self._channel.send(make("step", gen=self.generation, rank=self.rank, step=step, total=self._total))
             self._start_vote(step)
 
     def _on_optimizer_step(self, *_: Any) -> None:
@@ -257,7 +259,7 @@ class Job:
             if self.managed:
                 exch = self._exchange_t if self._exchange_t is not None else now
                 self._channel.send(make("commit", gen=self.generation, rank=self.rank, step=step,
-                                        dt=dt, metrics=self._metrics, compute=exch - self._step_t0,
+                                        total=self._total, dt=dt, metrics=self._metrics, compute=exch - self._step_t0,
                                         comm=now - exch, check=self._check_s, fp=self._fp_s))
                 if self.rank == 0:
                     self._report_checkpoint(self._persist.after_commit(step))
@@ -507,7 +509,7 @@ class Job:
         else:
             self._pending_sync = msg        # initial sync once the script has tracked its state
         self._channel.send(make("joined", gen=self.generation, rank=self.rank, bytes=nbytes,
-                                timings={"rebuild": rebuild_s, "transfer": transfer_s}))
+                                committed=self.committed, timings={"rebuild": rebuild_s, "transfer": transfer_s}))
 
     def _guarded(self, fn, *args) -> None:
         try:
@@ -650,6 +652,8 @@ class Job:
                     self._faults.put(msg)
                 elif msg["type"] == "pause":          # live migration: stop after the next step
                     self._pause_gen = msg["gen"]
+                elif msg["type"] == "watch":          # report each step's start (faults armed)
+                    self._watched = msg["steps"]
                 elif msg["type"] == "probe":          # the job stalls: where is this rank?
                     if msg["gen"] == self.generation and self.rank is not None:
                         step = self._reducing_step
