@@ -169,8 +169,10 @@ class NodeAgent:
 
     def watch_steps(self) -> None:
         """Workers report each step's start only while a fault waits to fire (a step boundary is
-        its trigger); otherwise the per-step message is skipped: each one wakes the launcher,
-        ~2% of a 100 ms step on a 2-core machine. Called when faults are armed or fire."""
+        its trigger); otherwise the per-step message is skipped: each one wakes the launcher (an
+        A/B of this message alone measured ~2% of a 100 ms step on a 2-core machine; the
+        comparison with torchrun did not move beyond its noise). Called when faults are armed
+        or fire."""
         on = self.injector.pending()
         if on != self._watching:
             self._watching = on
