@@ -49,8 +49,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "checkpoint_now": {"directory": _STR},
     "fault": {"kind": _STR, "params": _DICT},
     "pause": {"gen": _INT, "reason": _STR},
-    "probe": {"gen": _INT},
-    "watch": {"steps": (bool,)},     # send a "step" message as each step begins (armed faults)          # a stall: which step's gradient exchange did you enter last?
+    "probe": {"gen": _INT},          # a stall: which step's gradient exchange did you enter last?
+    "watch": {"steps": (bool,)},     # send a "step" message as each step begins (armed faults)
     "handoff": {"gen": _INT, "rank": _INT, "handoff": _STR},
     # operator (hotspare inject) <-> launcher
     "inject": {"spec": _STR},
