@@ -213,3 +213,20 @@ def test_admission_checks_run_before_the_devices_take_work():
                      extra=[*FAST, "--admission", "small"])
     assert result.code == 0, result.output
     assert result.output.count("ADMISSION") == 3 and ": pass" in result.output
+
+
+def test_a_vote_on_a_step_without_backward_is_judged_when_the_step_ends(tmp_path):
+    # Steps 0, 5, 10, ... only evaluate, so the votes of steps 0, 10, 20, 30 have no gradient
+    # bucket to wait for them: each is judged as its step ends. The bit flipped on rank 1 as
+    # step 20 begins is caught by that vote, before any update used it: the run still ends
+    # bitwise equal to the fault-free one.
+    script = REPO / "tests" / "scripts" / "eval_steps.py"
+    clean = run_job(["36"], script=script, extra=FAST)
+    result = run_job(["36"], script=script, inject=["corrupt:rank=1:step=19"], extra=FAST)
+    assert clean.code == 0 and result.code == 0, result.output
+    r = result.report
+    (f,) = r["failures"]
+    assert (f["kind"], f["rank"], f["lost_steps"]) == ("health:fingerprint-mismatch", 1, 0)
+    assert re.search(r"VOTE .* differ from the other 3 replicas at step 20 ", result.output), result.output
+    assert r["final_state_digest"] == clean.digest
+    assert r["replicas_consistent"] and r["steps_completed"] == 36 and r["steps_repeated"] == 0
