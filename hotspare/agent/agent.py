@@ -75,6 +75,7 @@ class NodeAgent:
         self.events = events
         self.injector = injector or Injector([])
         self._watching = self.injector.pending()
+        self._watch_lock = threading.Lock()     # decide and tell under one lock: threads race here
         self.host = host
         self.log_dir = log_dir
         self.workers: dict[str, WorkerProc] = {}
@@ -173,11 +174,12 @@ class NodeAgent:
         A/B of this message alone measured ~2% of a 100 ms step on a 2-core machine; the
         comparison with torchrun did not move beyond its noise). Called when faults are armed
         or fire."""
-        on = self.injector.pending()
-        if on != self._watching:
-            self._watching = on
-            for w in list(self.workers):
-                self.send(w, make("watch", steps=on))
+        with self._watch_lock:
+            on = self.injector.pending()
+            if on != self._watching:
+                self._watching = on
+                for w in list(self.workers):
+                    self.send(w, make("watch", steps=on))
 
     def _inject(self, wp: WorkerProc, fault: Fault, now: float) -> None:
         if fault.target == "device":
@@ -214,9 +216,10 @@ class NodeAgent:
             if hello is None or hello["type"] != "hello" or hello["worker"] not in self.workers:
                 raise ProtocolError(f"expected a hello from a worker of this agent, got {hello}")
             wp = self.workers[hello["worker"]]
-            wp.channel = ch
-            if self._watching:           # before its generation arrives: in order on this channel
-                ch.send(make("watch", steps=True))
+            with self._watch_lock:
+                wp.channel = ch
+                if self._watching:       # before its generation arrives: in order on this channel
+                    ch.send(make("watch", steps=True))
             while True:
                 msg = ch.recv()
                 if msg is None:
