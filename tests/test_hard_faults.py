@@ -38,12 +38,16 @@ def test_hang_is_detected_by_heartbeat_fenced_and_replaced(reference):
     assert 0.5 < f["detection_latency_s"] < 10       # threshold 1 s: far below any collective timeout
 
 
-def test_a_rank_stuck_computing_is_found_by_probing_and_fenced(reference):
+def test_a_rank_stuck_computing_is_found_by_probing_and_fenced():
     # Not stopped (the kernel shows it running) and not dead: rank 2 computes 100x slower from step
-    # 11 on. The stall makes the coordinator probe every rank; rank 2 answers that it never
-    # entered step 11's exchange while the others wait in it, so it alone is fenced.
-    r = run_job(ARGS, inject=["slow:rank=2:factor=100:step=11"], extra=FAST)
-    rep = assert_memory_recovery(r, reference, 1)
+    # 8 on, several seconds a step against a ~1 s threshold (the 1m model, so that the first slow
+    # step alone is past it). The stall makes the coordinator probe every rank; rank 2 answers
+    # that it never entered the exchange the others wait in, so it alone is fenced.
+    args = ["--model", "1m", "--steps", "16"]
+    clean = run_job(args, extra=FAST)
+    assert clean.code == 0, clean.output
+    r = run_job(args, inject=["slow:rank=2:factor=100:step=8"], extra=FAST)
+    rep = assert_memory_recovery(r, clean.digest, 1)
     f = rep["failures"][0]
     assert f["kind"] == "hang" and f["rank"] == 2, f
     assert "never reached the gradient exchange" in r.output
