@@ -64,6 +64,20 @@ def test_second_failure_finds_the_reprovisioned_warm_spare():
     assert second["spare_was_warm"] and first["spare_was_warm"]
 
 
+def test_failover_across_node_agents(reference):
+    """Two node agents (--local-nodes 2), each with its own device slots, talking to the
+    coordinator over TCP: a rank on one node is taken over by the spare on the other, and the
+    re-provisioned spare goes where a slot is free."""
+    result = run_job(ARGS, inject=["kill:rank=1:step=12"], extra=["--local-nodes", "2"])
+    r = assert_recovered(result, reference, 1)
+    nodes = r["nodes"]
+    assert len(nodes) == 2 and all(len(n["devices"]) >= 2 for n in nodes.values())
+    where = {w["worker"]: name for name, n in nodes.items() for w in n["workers"]}
+    assert r["failures"][0]["replacement"] == "w4" and where["w1"] != where["w4"], nodes   # crossed nodes
+    assert where["w5"] == where["w1"]            # the new spare took the slot the dead rank freed
+    assert f"RESUMED rank 1 -> w4 on {where['w4']}" in result.output
+
+
 def test_script_bug_is_not_failed_over_forever():
     r = run_job(["30"], script=REPO / "tests" / "scripts" / "buggy.py", env={"BUG_RANK": "1", "BUG_STEP": "12"})
     assert r.code == 1, r.output
@@ -93,6 +107,8 @@ def test_same_script_runs_under_plain_torchrun_with_the_same_digest(reference, t
     (["--inject", "kill:rank=2", "--", str(EXAMPLE)], "missing step"),
     (["--inject", "explode:rank=2:step=1", "--", str(EXAMPLE)], "unknown fault kind"),
     (["--nproc", "2", "--inject", "kill:rank=5:step=1", "--", str(EXAMPLE)], "rank 5 does not exist"),
+    (["--local-nodes", "0", "--", str(EXAMPLE)], "--local-nodes must be at least 1"),
+    (["--nproc", "2", "--spares", "0", "--local-nodes", "3", "--", str(EXAMPLE)], "more than the 2 device slots"),
 ])
 def test_bad_input_gets_a_clear_error_and_exit_2(argv, message):
     proc = subprocess.run([sys.executable, "-m", "hotspare", "run", *argv], capture_output=True, text=True, timeout=60)

@@ -1,7 +1,6 @@
 """State transfer between real processes over gloo: buckets, big tensors, mixed dtypes."""
 import datetime
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -18,7 +17,7 @@ def tensors(rank):
 
 def worker(rank, world, port, q):
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))
+    store = dist.TCPStore("127.0.0.1", port, world, False, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     ts = tensors(rank)
     stats = broadcast_state(ts, src=0, group=None, is_source=rank == 0, bucket_bytes=64 * 1024)
@@ -29,9 +28,9 @@ def worker(rank, world, port, q):
 
 
 def test_broadcast_state_moves_every_tensor_bit_exact():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # The store lives here, on a port the kernel picked: no window for another process to take it.
+    store = dist.TCPStore("127.0.0.1", 0, 3, True, wait_for_workers=False)
+    port = store.port
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(r, 3, port, q)) for r in range(3)]

@@ -2,15 +2,16 @@
 
 It owns the processes (so it sees an exit the moment it happens), the control connections of
 its workers (JSON lines over TCP, see ``hotspare.protocol``), and fault injection (real signals).
-Everything it observes becomes an event on the coordinator's queue; the coordinator answers by
-calling ``spawn``, ``send`` and ``kill``. In ``hotspare run`` both live in the launcher process;
-the interface is the same messages a remote agent would carry.
+It talks to the coordinator over one more such connection, which it opens itself: what it sees
+(a worker started, exited, said something, a fault fired) goes up as a message; the
+coordinator's decisions come down as commands (``spawn``, ``kill``, ``deliver``, ``arm``,
+``shutdown``). A command the agent cannot carry out is answered with ``refused``; the job goes on.
+In ``hotspare run`` the agent lives in the launcher beside the coordinator, over loopback, by the
+same code path a remote agent would take.
 """
 from __future__ import annotations
 
-import itertools
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -20,12 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hotspare.agent.inject import Fault, Injector
-from hotspare.errors import ProtocolError
+from hotspare.agent.inject import Fault, Injector, parse
+from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol.channel import Channel, serve
-from hotspare.protocol.messages import make
+from hotspare.protocol.messages import make, validate
 
-Event = tuple[str, str, Any, float]       # (kind, worker, payload, time)
+PROC_POLL_S = 0.25        # how often the agent looks for SIGSTOPped workers
+DRAIN_S = 0.5             # at most this long, a worker's last messages go up before its exit
 
 
 @dataclass
@@ -33,13 +35,11 @@ class WorkerProc:
     worker: str
     role: str
     proc: subprocess.Popen
-    started: float
-    channel: Channel | None = None
-    rank: int | None = None
-    last_step: int | None = None
-    exit_code: int | None = None
-    injected: list[tuple[Fault, float]] = field(default_factory=list)
     device: str | None = None
+    channel: Channel | None = None
+    exit_code: int | None = None
+    stopped: bool = False
+    drained: threading.Event = field(default_factory=threading.Event)   # its channel reached EOF
 
 
 def _die_with_parent() -> None:
@@ -59,52 +59,111 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def proc_state(pid: int) -> str | None:
+    """The kernel's one-letter state of a process (R, S, D, T, Z...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 class NodeAgent:
-    def __init__(self, cmd: list[str], base_env: dict[str, str], events: "queue.Queue[Event]",
-                 injector: Injector | None = None, host: str = "127.0.0.1", log_dir: str | None = None,
-                 devices: list[str] | None = None, usable: Callable[[str], bool] = lambda d: True,
+    def __init__(self, cmd: list[str], base_env: dict[str, str], coordinator: str, node: str | None = None,
+                 host: str = "127.0.0.1", devices: list[str] | None = None,
                  device_fault: Callable[[str, Fault], None] | None = None):
-        """``devices``: the node's device slots ("host/cpu0"...); each worker holds one, and a
-        new worker only goes to a free one that ``usable`` accepts (not cordoned).
-        ``device_fault(device, fault)`` carries out injected device faults (telemetry)."""
+        """Start serving workers on ``host`` and connect to the coordinator at ``coordinator``
+        (host:port). ``devices``: the node's device slots ("host/cpu0"...); the coordinator
+        places each worker on one. ``device_fault(device, fault)`` carries out injected device
+        faults (simulated telemetry)."""
         self.cmd = cmd
-        self.devices = list(devices or [])
-        self.usable = usable
-        self.device_fault = device_fault
         self.base_env = base_env
-        self.events = events
-        self.injector = injector or Injector([])
-        self._watching = self.injector.pending()
-        self._watch_lock = threading.Lock()     # decide and tell under one lock: threads race here
+        self.node = node or socket.gethostname()
+        self.devices = list(devices or [])
+        self.device_fault = device_fault
+        self.injector = Injector([])
+        self._armed: dict[int, Fault] = {}       # arm id -> fault, to disarm it
+        self._watching = False
+        self._watch_lock = threading.Lock()      # decide and tell under one lock: threads race here
         self.host = host
-        self.log_dir = log_dir
         self.workers: dict[str, WorkerProc] = {}
-        self._ids = itertools.count()
         self._lock = threading.Lock()
+        self._closed = threading.Event()
         self._server = socket.create_server((host, 0))
         self.port = self._server.getsockname()[1]
         serve(self._server, self._serve, "agent-accept")
+        chost, cport = coordinator.rsplit(":", 1)
+        self.uplink = Channel.connect(chost, int(cport))
+        self._up("agent_hello", node=self.node, pid=os.getpid(), devices=self.devices,
+                 device_faults=device_fault is not None)
+        threading.Thread(target=self._commands, name="agent-commands", daemon=True).start()
+        threading.Thread(target=self._watch_procs, name="agent-procs", daemon=True).start()
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    # ------------------------------------------------------------------ processes
-    def free_devices(self) -> list[str]:
-        """Device slots no live worker holds and ``usable`` accepts, in order."""
-        with self._lock:
-            held = {wp.device for wp in self.workers.values() if wp.exit_code is None}
-        return [d for d in self.devices if d not in held and self.usable(d)]
+    def _up(self, type_: str, **fields: Any) -> None:
+        """Tell the coordinator; if the link is gone, ``_commands`` is already ending the node."""
+        try:
+            self.uplink.send(make(type_, **fields))
+        except OSError:
+            pass
 
-    def spawn(self, role: str, rank: int | None = None, world_size: int | None = None) -> str | None:
-        """Start a worker; returns its id, or None when no usable device slot is free."""
-        device = None
-        if self.devices:
-            free = self.free_devices()
-            if not free:
-                return None
-            device = free[0]
-        worker = f"w{next(self._ids)}"
+    # ------------------------------------------------------------------ commands
+    def _commands(self) -> None:
+        try:
+            while True:
+                try:
+                    msg = self.uplink.recv()
+                except ProtocolError as e:
+                    self._up("refused", command="?", message=str(e))
+                    continue
+                if msg is None:
+                    break
+                try:
+                    self._command(msg)
+                except (ProtocolError, ConfigError, KeyError) as e:
+                    self._up("refused", command=msg["type"], message=str(e))
+                if msg["type"] == "shutdown":
+                    return
+        except OSError:
+            pass
+        # The coordinator is gone: nothing can coordinate these workers any more.
+        if not self._closed.is_set():
+            print("hotspare agent: lost the coordinator; ending this node's workers", file=sys.stderr,
+                  flush=True)
+            self.shutdown(grace=0.0)
+
+    def _command(self, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "spawn":
+            self.spawn(msg["worker"], msg["role"], msg["rank"], msg["device"])
+        elif kind == "kill":
+            self.kill(msg["worker"], signal.Signals(msg["signal"]), msg["group"])
+        elif kind == "deliver":
+            self.send(msg["worker"], validate(msg["msg"]))
+        elif kind == "arm":
+            fault = parse(msg["spec"], running=msg["running"])
+            self._armed[msg["id"]] = fault
+            self.injector.add(fault)
+            self.watch_steps()
+        elif kind == "disarm":
+            fault = self._armed.get(msg["id"])
+            if fault is not None:
+                fault.fired = True
+                self.watch_steps()
+        elif kind == "shutdown":
+            self.shutdown(grace=float(msg["grace"]))
+        else:
+            raise ProtocolError(f"{kind!r} is not a command for a node agent")
+
+    # ------------------------------------------------------------------ processes
+    def spawn(self, worker: str, role: str, rank: int | None, device: str | None) -> None:
+        if worker in self.workers:
+            raise ProtocolError(f"worker {worker} already exists on node {self.node}")
+        if device is not None and device not in self.devices:
+            raise ProtocolError(f"device {device!r} is not one of node {self.node}'s: {self.devices}")
         env = dict(self.base_env)
         env.update(HOTSPARE_AGENT=self.address, HOTSPARE_WORKER_ID=worker, HOTSPARE_ROLE=role)
         # LOCAL_RANK names the worker's device slot, as torchrun's does (cuda:LOCAL_RANK).
@@ -116,22 +175,32 @@ class NodeAgent:
         else:
             env.update(RANK="-1", LOCAL_RANK=local)
         # Each worker leads its own process group so a fence can kill its children too, and
-        # dies with the launcher (PR_SET_PDEATHSIG) so no orphan outlives its job.
-        proc = subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-        wp = WorkerProc(worker, role, proc, time.time(), rank=rank, device=device)
+        # dies with the agent (PR_SET_PDEATHSIG) so no orphan outlives its job.
+        try:
+            proc = subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        except OSError as e:
+            self._up("refused", command="spawn", message=f"cannot start {self.cmd[:2]}: {e}")
+            self._up("exited", worker=worker, code=127)
+            return
+        wp = WorkerProc(worker, role, proc, device=device)
         with self._lock:
             self.workers[worker] = wp
+        self._up("started", worker=worker, pid=proc.pid)
         threading.Thread(target=self._wait, args=(wp,), name=f"wait-{worker}", daemon=True).start()
-        return worker
 
     def _wait(self, wp: WorkerProc) -> None:
         code = wp.proc.wait()
+        # What the worker said before it died (a crash report, its last commit) goes up first:
+        # its channel ends at its death, unless a forked child still holds the socket.
+        if wp.channel is not None:
+            wp.drained.wait(DRAIN_S)
         wp.exit_code = code
-        self.events.put(("exit", wp.worker, code, time.time()))
+        self._up("exited", worker=wp.worker, code=code)
 
-    def kill(self, worker: str, sig: signal.Signals = signal.SIGKILL, group: bool = True) -> float:
-        wp = self.workers[worker]
-        t = time.time()
+    def kill(self, worker: str, sig: signal.Signals = signal.SIGKILL, group: bool = True) -> None:
+        wp = self.workers.get(worker)
+        if wp is None:
+            raise ProtocolError(f"no worker {worker} on node {self.node}")
         try:
             if group:
                 os.killpg(wp.proc.pid, sig)
@@ -139,14 +208,23 @@ class NodeAgent:
                 os.kill(wp.proc.pid, sig)
         except ProcessLookupError:
             pass
-        return t
 
     def alive(self) -> list[str]:
         with self._lock:
             return [w for w, wp in self.workers.items() if wp.exit_code is None]
 
+    def _watch_procs(self) -> None:
+        """Report workers stopped by a signal (SIGSTOP): the hang detector names them."""
+        while not self._closed.wait(PROC_POLL_S):
+            for w in self.alive():
+                wp = self.workers[w]
+                stopped = proc_state(wp.proc.pid) == "T"
+                if stopped != wp.stopped:
+                    wp.stopped = stopped
+                    self._up("stopped", worker=w, stopped=stopped)
+
     def shutdown(self, grace: float = 5.0) -> None:
-        """Wait up to ``grace`` seconds for workers to exit, then SIGKILL the rest."""
+        """Wait up to ``grace`` seconds for workers to exit, SIGKILL the rest, close the link."""
         deadline = time.time() + grace
         for w in self.alive():
             wp = self.workers[w]
@@ -155,7 +233,14 @@ class NodeAgent:
             except subprocess.TimeoutExpired:
                 self.kill(w)
                 wp.proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
         self._server.close()
+        self.uplink.close()
 
     # ------------------------------------------------------------------ control channels
     def send(self, worker: str, msg: dict[str, Any]) -> bool:
@@ -170,7 +255,7 @@ class NodeAgent:
 
     def watch_steps(self) -> None:
         """Workers report each step's start only while a fault waits to fire (a step boundary is
-        its trigger); otherwise the per-step message is skipped: each one wakes the launcher (an
+        its trigger); otherwise the per-step message is skipped: each one wakes the agent (an
         A/B of this message alone measured ~2% of a 100 ms step on a 2-core machine; the
         comparison with torchrun did not move beyond its noise). Called when faults are armed
         or fire."""
@@ -195,19 +280,8 @@ class NodeAgent:
             self.send(wp.worker, make("exit_now", code=fault.code))
         else:
             self.kill(wp.worker, fault.signal, group=False)
-        wp.injected.append((fault, now))
-        self.events.put(("injected", wp.worker, fault, now))
-
-    def proc_state(self, worker: str) -> str | None:
-        """The kernel's one-letter state of the worker's process (R, S, D, T, Z...), or None."""
-        wp = self.workers.get(worker)
-        if wp is None or wp.exit_code is not None:
-            return None
-        try:
-            with open(f"/proc/{wp.proc.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return None
+        ident = next((i for i, f in self._armed.items() if f is fault), -1)
+        self._up("injected", worker=wp.worker, fault=str(fault), id=ident, t=now)
 
     def _serve(self, ch: Channel) -> None:
         wp = None
@@ -228,19 +302,14 @@ class NodeAgent:
                 kind = msg["type"]
                 fault = None
                 if kind == "step":
-                    wp.rank, wp.last_step = msg["rank"], msg["step"]
                     fault = self.injector.at_step(msg["rank"], msg["step"])
-                elif kind == "commit":       # the next step begins right after a commit
-                    wp.rank, wp.last_step = msg["rank"], msg["step"] + 1
-                elif kind == "joined" and isinstance(msg.get("committed"), int):
-                    wp.last_step = msg["committed"] + 1      # the step it runs first
                 elif kind in ("joining", "transfer"):
                     phase = "join" if kind == "joining" else "transfer"
                     fault = self.injector.at_phase(msg["rank"], phase, msg["gen"])
                 if fault is not None:
                     self._inject(wp, fault, now)
                     self.watch_steps()
-                self.events.put(("msg", wp.worker, msg, now))
+                self._up("relay", worker=wp.worker, t=now, msg=msg)
         except ConnectionResetError:
             return                       # the worker died; its exit is reported by _wait
         except (OSError, ProtocolError) as e:
@@ -248,3 +317,6 @@ class NodeAgent:
             print(f"hotspare agent: dropping control connection of {wp.worker if wp else '?'}: {e}",
                   file=sys.stderr, flush=True)
             ch.close()
+        finally:
+            if wp is not None:
+                wp.drained.set()

@@ -101,6 +101,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "one tiny all-reduce per step); with N > 1 a corruption is caught within N steps "
                         "but may reach the healthy replicas' updates first. 0: no fingerprint (votes "
                         "every 10 steps only for migrations) (default: 10)")
+    p.add_argument("--local-nodes", type=int, default=1, metavar="K",
+                   help="run K node agents on this host, each holding its share of the device slots, as K "
+                        "hosts would: placement, spares and failover then cross agents over the same "
+                        "protocol a multi-host job uses (default: 1)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of the rendezvous store (default: 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=0,
                    help="port of the rendezvous store (default: 0, a free port)")
@@ -143,6 +147,12 @@ def _validate(args: argparse.Namespace) -> list:
     if args.health_rules:
         from hotspare.health.rules import load_rules
         args.rules = load_rules(args.health_rules)     # refuse a bad rules file before starting
+    if args.local_nodes < 1:
+        raise ConfigError(f"--local-nodes must be at least 1 (got {args.local_nodes})")
+    slots = args.devices or args.nproc + args.spares
+    if args.telemetry != "off" and args.local_nodes > slots:
+        raise ConfigError(f"--local-nodes {args.local_nodes} is more than the {slots} device slots: "
+                          "each node agent needs at least one (raise --devices)")
     if args.log_every < 0:
         raise ConfigError(f"--log-every must be 0 (automatic) or more (got {args.log_every})")
     if not os.path.isfile(args.script):
@@ -162,9 +172,8 @@ def run(args: argparse.Namespace) -> int:
 
     import torch.distributed as dist
 
-    from hotspare.agent import NodeAgent
-    from hotspare.agent.inject import Injector
     from hotspare.coordinator import Coordinator, Ledger
+    from hotspare.coordinator.nodes import NodeEndpoint, Nodes
     from hotspare.policy.decide import ClusterView
 
     t0 = time.time()
@@ -191,10 +200,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"hotspare run: error: {e}", file=sys.stderr)
         return 2
-    agent = NodeAgent([sys.executable, args.script, *args.script_args], env, events, Injector(faults),
-                      devices=health.devices if health else None,
-                      usable=health.usable if health else (lambda d: True),
-                      device_fault=_device_fault(source, log) if source is not None else None)
     settings = {"script": args.script, "args": args.script_args, "nproc": args.nproc,
                 "spares": args.spares, "inject": [str(f) for f in faults],
                 "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
@@ -203,21 +208,29 @@ def run(args: argparse.Namespace) -> int:
     view = ClusterView(world_size=args.nproc, target_spares=args.spares,
                        resume=getattr(args, "resume_path", None), replacements_left=args.max_replacements,
                        capacity_wait=args.capacity_wait)
-    coord = Coordinator(agent, events, view, ledger, log=log, log_every=args.log_every or 0,
+    coord = Coordinator(Nodes(usable=health.usable if health else (lambda d: True)), events, view, ledger,
+                        log=log, log_every=args.log_every or 0,
                         hang_floor=args.hang_floor, hang_factor=args.hang_factor,
                         join_timeout=args.join_timeout,
                         checkpoint_dir=os.path.abspath(args.checkpoint_dir or "hotspare-checkpoints"),
-                        health=health)
+                        health=health, faults=faults)
+    # This host's node agents talk to the coordinator over TCP, as remote agents would.
+    endpoint = NodeEndpoint(events)
+    agents = _agents(args, env, endpoint.address, health.devices if health else None,
+                     _device_fault(source, log) if source is not None else None)
     log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
     from hotspare.coordinator.control import ControlServer
     control = ControlServer(events, describe={"script": args.script, "nproc": args.nproc})
     log(f"control: {control.address} (hotspare inject SPEC sends a fault to this job)")
     try:
-        coord.start()
+        coord.start(nodes=len(agents))
     except ConfigError as e:
         control.close()
         print(f"hotspare run: error: {e}", file=sys.stderr)
-        agent.shutdown(grace=0.0)
+        coord.stop_nodes(grace=0.0)
+        for agent in agents:
+            agent.close()
+        endpoint.close()
         return 2
     if poller is not None:
         poller.start()
@@ -229,11 +242,15 @@ def run(args: argparse.Namespace) -> int:
         if poller is not None:
             poller.stop()
         control.close()
-        agent.shutdown(grace=10.0)
+        coord.stop_nodes(grace=10.0)
+        for agent in agents:
+            agent.close()
+        endpoint.close()
     if health is not None:
         health.close()
         ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
                           for r in health.registry.devices() if r.device in health.devices]
+    ledger.nodes = coord.nodes.describe()
     report = ledger.report()
     _summary(log, report, code)
     if args.report:
@@ -241,6 +258,23 @@ def run(args: argparse.Namespace) -> int:
             json.dump(report, f, indent=2)
         log(f"report written to {args.report}")
     return code
+
+
+def _agents(args, env: dict[str, str], coordinator: str, devices: list[str] | None, device_fault) -> list:
+    """The node agents of this host: one, or ``--local-nodes`` K, each with a contiguous share
+    of the device slots."""
+    import socket
+
+    from hotspare.agent import NodeAgent
+    cmd = [sys.executable, args.script, *args.script_args]
+    k = args.local_nodes
+    host = socket.gethostname()
+    agents = []
+    for i in range(k):
+        share = None if devices is None else devices[len(devices) * i // k: len(devices) * (i + 1) // k]
+        agents.append(NodeAgent(cmd, env, coordinator=coordinator, node=host if k == 1 else f"{host}-{i}",
+                                devices=share, device_fault=device_fault))
+    return agents
 
 
 def _health_service(args, events: "queue.Queue", log):

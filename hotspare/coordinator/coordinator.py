@@ -1,6 +1,7 @@
 """The coordinator: membership, generations, the spare pool and recovery, driven by events.
 
-One thread consumes the agent's event queue in order. Each event becomes either bookkeeping
+One thread consumes the event queue in order (the node agents' messages, see ``nodes``; the
+telemetry poller; operator commands). Each event becomes either bookkeeping
 (heartbeats, commits: the ledger) or a ``Signal`` for the pure policy: ``observe`` records it,
 ``decide`` returns actions and a reason, the coordinator executes them and ``apply`` records
 their effect. Every control message it sends carries the generation, so stale ones are refused.
@@ -14,8 +15,10 @@ import sys
 import time
 from typing import Any, Callable
 
-from hotspare.agent import NodeAgent, describe_exit
+from hotspare.agent import describe_exit
+from hotspare.agent.inject import Fault, parse
 from hotspare.coordinator.ledger import FailureRecord, Ledger, MigrationRecord
+from hotspare.coordinator.nodes import Nodes
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.policy import decide as policy
 from hotspare.policy import hang
@@ -27,12 +30,14 @@ def _fmt_ranks(ranks) -> str:
 
 
 class Coordinator:
-    def __init__(self, agent: NodeAgent, events: "queue.Queue", view: policy.ClusterView,
+    def __init__(self, nodes: Nodes, events: "queue.Queue", view: policy.ClusterView,
                  ledger: Ledger, log: Callable[[str], None] = print, log_every: int = 0,
                  hang_floor: float = hang.DEFAULT_FLOOR_S, hang_factor: float = hang.DEFAULT_FACTOR,
                  join_timeout: float = 5.0, checkpoint_dir: str = "hotspare-checkpoints",
-                 health=None):
-        self.agent, self.events, self.view, self.ledger = agent, events, view, ledger
+                 health=None, faults: list[Fault] = ()):
+        self.nodes, self.events, self.view, self.ledger = nodes, events, view, ledger
+        for fault in faults:                    # from the command line: armed on every node
+            self.nodes.arm(str(fault), running=False)
         self.log = log
         self.log_every = log_every
         self.hang_floor, self.hang_factor, self.join_timeout = hang_floor, hang_factor, join_timeout
@@ -51,23 +56,51 @@ class Coordinator:
         self._health_said: set[tuple[str, str]] = set()
         self._operator_polled = 0.0
         self.unplaced = 0                       # spares wanted but no usable device was free
+        self._next_tick = 0.0
 
     # ------------------------------------------------------------------ life cycle
-    def start(self) -> None:
+    def start(self, nodes: int = 1, timeout: float = 30.0) -> None:
+        """Wait for ``nodes`` node agents to connect, then start the ranks and the spare pool."""
+        deadline = time.time() + timeout
+        while len(self.nodes.live_nodes()) < nodes:
+            try:
+                kind, worker, payload, t = self.events.get(timeout=max(0.0, deadline - time.time()))
+            except queue.Empty:
+                raise ConfigError(f"{len(self.nodes.live_nodes())} of {nodes} node agent(s) connected "
+                                  f"within {timeout:.0f} s") from None
+            self._handle(kind, worker, payload, t)
         for rank in range(self.view.world_size):
-            if self.agent.spawn("active", rank=rank) is None:
-                raise ConfigError(f"only {len(self.agent.free_devices())} usable device(s) for "
+            if self.nodes.spawn("active", rank=rank) is None:
+                raise ConfigError(f"only {len(self.nodes.free_devices())} usable device(s) for "
                                   f"{self.view.world_size} ranks: uncordon devices (hotspare uncordon) or "
                                   "lower --nproc")
         self._spawn_spares(self.view.target_spares)   # the initial pool: not replacements
         self.view.starting += self.view.target_spares
+
+    def stop_nodes(self, grace: float) -> None:
+        """Ask every node agent to end its workers (SIGKILL after ``grace`` seconds) and wait
+        for the links to close. Only the picture of the workers is kept current meanwhile: no
+        decision is taken on a job that is ending."""
+        self.nodes.shutdown(grace)
+        deadline = time.time() + grace + 5.0
+        while self.nodes.live_nodes() and time.time() < deadline:
+            try:
+                kind, who, payload, _ = self.events.get(timeout=max(0.0, deadline - time.time()))
+            except queue.Empty:
+                break
+            if kind == "node_lost":
+                self.nodes.lose(who)
+            elif kind in ("exit", "started", "stopped"):
+                self.nodes.observe(kind, who, payload)
+        for name in [n.name for n in self.nodes.live_nodes()]:
+            self.log(f"NODE    {name}: its agent did not close its link within {grace + 5.0:.0f} s")
 
     def _spawn_spares(self, count: int) -> int:
         """Start spares; one that no usable device can take waits (counted as starting) until a
         device returns to service."""
         started = 0
         for _ in range(count):
-            if self.agent.spawn("spare") is None:
+            if self.nodes.spawn("spare") is None:
                 self.unplaced += 1
                 self.log("CAPACITY no usable device is free for a new spare (devices out of service: "
                          "see `hotspare health`); it starts when a device returns to the pool")
@@ -76,31 +109,46 @@ class Coordinator:
         return started
 
     def run(self, poll: float = 0.25) -> int:
-        next_tick = time.time() + poll
-        while True:
-            try:
-                kind, worker, payload, t = self.events.get(timeout=poll)
-            except queue.Empty:
-                kind = None
-            if kind is not None:
-                self._handle(kind, worker, payload, t)
-            if time.time() >= next_tick:
-                next_tick = time.time() + poll
-                self._tick(time.time())
-            if self.view.phase in ("finished", "stopped") and not self.agent.alive():
-                break
+        """Handle events until the job ends and its workers are gone; the exit status."""
+        while not self.over():
+            self.step(poll)
         return self.exit_code if self.exit_code is not None else 1
+
+    def step(self, poll: float = 0.25) -> None:
+        """Handle the next event (waiting up to ``poll`` seconds), then tick if one is due."""
+        try:
+            kind, worker, payload, t = self.events.get(timeout=poll)
+        except queue.Empty:
+            kind = None
+        if kind is not None:
+            self._handle(kind, worker, payload, t)
+        if time.time() >= self._next_tick:
+            self._next_tick = time.time() + poll
+            self._tick(time.time())
+
+    def over(self) -> bool:
+        return self.view.phase in ("finished", "stopped") and not self.nodes.alive()
 
     # ------------------------------------------------------------------ events
     def _handle(self, kind: str, worker: str, payload: Any, t: float) -> None:
         if self.debug and not (kind == "msg" and payload["type"] in ("step", "commit")):
             self.log(f"debug   event {kind} from {worker}: {payload}")
+        if kind in ("node", "node_lost", "refused"):
+            self._node_event(kind, worker, payload, t)
+            return
+        info = self.nodes.observe(kind, worker, payload)
+        if kind in ("msg", "exit", "started", "stopped", "injected") and info is None:
+            print(f"hotspare: ignoring {kind} about unknown worker {worker!r}", file=sys.stderr)
+            return
+        if kind in ("started", "stopped"):
+            return
         if kind == "injected":
-            wp = self.agent.workers[worker]
-            self.injected_at[worker] = (payload, t)
+            fault = parse(payload["fault"], running=True)
+            self.nodes.fired(payload["id"], worker)
+            self.injected_at[worker] = (fault, t)
             how = {"device": "its device's simulated telemetry", "worker": "the worker itself"}.get(
-                payload.target) or (payload.signal.name if payload.signal else f"exit with status {payload.code}")
-            self.log(f"FAULT   injected {payload} -> {how} to worker {worker} (pid {wp.proc.pid})")
+                fault.target) or (fault.signal.name if fault.signal else f"exit with status {fault.code}")
+            self.log(f"FAULT   injected {fault} -> {how} to worker {worker} (pid {info.pid})")
             return
         if kind == "readings":
             self._readings(payload, t)
@@ -110,11 +158,7 @@ class Coordinator:
             reply(self._control(msg))
             return
         if kind == "exit":
-            desc = describe_exit(payload)
-            self._member_lost(worker, desc, payload, t)
-            self._signal(policy.WorkerExited(worker, payload, desc), t)
-            if self.health is not None:
-                self.health.device_released(self.agent.workers[worker].device)
+            self._worker_gone(worker, payload["code"], describe_exit(payload["code"]), t)
             return
         msg = payload
         try:
@@ -125,6 +169,37 @@ class Coordinator:
         if sig is not None:
             self._signal(sig, t)
 
+    def _node_event(self, kind: str, name: str, payload: Any, t: float) -> None:
+        if kind == "node":
+            hello, channel = payload
+            try:
+                node = self.nodes.add(hello, channel)
+            except ProtocolError as e:
+                self.log(f"NODE    refused an agent: {e}")
+                try:
+                    channel.send(make("refused", command="agent_hello", message=str(e)))
+                except OSError:
+                    pass
+                channel.close()
+                return
+            slots = f"{len(node.devices)} device slot(s)" if node.devices else "no device slots"
+            self.log(f"NODE    {name}: agent pid {node.pid} connected, {slots}")
+        elif kind == "refused":
+            self.log(f"NODE    {name} refused {payload['command']!r}: {payload['message']}")
+        else:
+            lost = self.nodes.lose(name)
+            if lost or self.view.phase not in ("finished", "stopped"):
+                self.log(f"NODE    {name}: the link to its agent closed; {len(lost)} worker(s) lost with it")
+            for w in lost:
+                self.nodes.workers[w].exit_code = -signal.SIGKILL
+                self._worker_gone(w, -signal.SIGKILL, f"was lost with node {name}", t, node_lost=True)
+
+    def _worker_gone(self, worker: str, code: int, desc: str, t: float, node_lost: bool = False) -> None:
+        self._member_lost(worker, desc, code, t, kind="node lost" if node_lost else None)
+        self._signal(policy.WorkerExited(worker, code, desc, node_lost), t)
+        if self.health is not None:
+            self.health.device_released(self.nodes.workers[worker].device)
+
     def _tick(self, now: float) -> None:
         if self.view.phase not in ("running", "recovering"):
             return
@@ -133,15 +208,15 @@ class Coordinator:
             for verdict in self.health.operator_requests():
                 self.log(f"OPERATOR {verdict.device}: {verdict.reason}")
                 self._act_on(verdict, now, "registry")
-        while self.unplaced and self.agent.free_devices():
+        while self.unplaced and self.nodes.free_devices():
             self.unplaced -= 1
-            if self.agent.spawn("spare") is None:
+            if self.nodes.spawn("spare") is None:
                 self.unplaced += 1
                 break
             self.log("CAPACITY a device is back in the pool: starting the spare that waited for it")
         activity = tuple(
-            hang.RankActivity(r, self.agent.workers[w].last_step, self.reducing.get(r),
-                              self.agent.proc_state(w) == "T")
+            hang.RankActivity(r, self.nodes.workers[w].last_step, self.reducing.get(r),
+                              self.nodes.workers[w].stopped)
             for r, w in sorted(self.view.members.items()) if r not in self.view.lost)
         limit = hang.threshold(self.ledger.step_times, self.hang_floor, self.hang_factor)
         # Forming a group may legitimately take up to the join timeout (a member that died after
@@ -164,7 +239,7 @@ class Coordinator:
         self._probed_at = now
         for r, w in self.view.members.items():
             if r not in self.view.lost:
-                self.agent.send(w, make("probe", gen=self.view.generation))
+                self.nodes.send(w, make("probe", gen=self.view.generation))
 
     def _to_signal(self, worker: str, msg: dict[str, Any], t: float) -> policy.Signal | None:
         kind = msg["type"]
@@ -175,9 +250,9 @@ class Coordinator:
                 self.reducing[msg["rank"]] = msg["step"]
             return None
         if kind == "ready":
-            wp = self.agent.workers[worker]
+            wp = self.nodes.workers[worker]
             if self.view.phase in ("finished", "stopped"):
-                self.agent.send(worker, make("release", reason=f"job {self.view.phase}"))
+                self.nodes.send(worker, make("release", reason=f"job {self.view.phase}"))
                 return None
             return policy.WorkerReady(worker, wp.role, wp.rank if wp.role == "active" else None)
         if kind == "commit":
@@ -245,18 +320,16 @@ class Coordinator:
 
     def _control(self, msg: dict[str, Any]) -> dict[str, Any]:
         """An operator command from the control endpoint; a bad one changes nothing."""
-        from hotspare.agent.inject import parse
         if self.view.phase in ("finished", "stopped"):
             return make("control_reply", ok=False, message=f"the job has {self.view.phase}")
         try:
             fault = parse(msg["spec"], world_size=self.view.world_size, running=True)
         except ConfigError as e:
             return make("control_reply", ok=False, message=str(e))
-        if fault.target == "device" and self.agent.device_fault is None:
+        if fault.target == "device" and not self.nodes.device_faults():
             return make("control_reply", ok=False, message=f"{fault.kind} faults need simulated telemetry "
                         "(hotspare run --telemetry simulated)")
-        self.agent.injector.add(fault)
-        self.agent.watch_steps()
+        self.nodes.arm(str(fault), running=True)
         when = f"at step {fault.step}" if fault.step is not None else "at its next step"
         self.log(f"OPERATOR inject {fault}: fires on rank {fault.rank} {when}")
         return make("control_reply", ok=True, message=f"{fault} armed: fires on rank {fault.rank} {when}")
@@ -310,7 +383,7 @@ class Coordinator:
             for f in self.ledger.failures:
                 if f.generation == msg["gen"] and f.first_commit_at == t:
                     src = "the checkpoint" if f.recovery_path == "checkpoint" else f"rank {f.source_rank}"
-                    self.log(f"RESUMED rank {f.rank} -> {f.replacement or f.worker}: state of step "
+                    self.log(f"RESUMED rank {f.rank} -> {self._where(f.replacement or f.worker)}: state of step "
                              f"{f.target_step} ({f.bytes_transferred / 1e6:.1f} MB in {f.transfer_s * 1000:.0f} ms) "
                              f"from {src}; first step committed; downtime "
                              f"{f.first_commit_at - f.start:.2f} s, lost steps {f.lost_steps}")
@@ -335,11 +408,16 @@ class Coordinator:
                 f.transfer_s = max(f.transfer_s, float(msg["timings"].get("transfer", 0.0)))
                 f.bytes_transferred = max(f.bytes_transferred, msg["bytes"])
 
-    def _member_lost(self, worker: str, desc: str, code: int, t: float) -> None:
+    def _where(self, worker: str) -> str:
+        """A worker's name, and its node's when the job spans several."""
+        info = self.nodes.workers.get(worker)
+        return f"{worker} on {info.node}" if info is not None and len(self.nodes.nodes) > 1 else worker
+
+    def _member_lost(self, worker: str, desc: str, code: int, t: float, kind: str | None = None) -> None:
         rank = self.view.rank_of(worker)
         if rank is None or self.view.phase not in ("running", "recovering") or rank in self.view.done:
             return
-        wp = self.agent.workers[worker]
+        wp = self.nodes.workers[worker]
         crash = next((c for c in reversed(self.view.crashes) if c.worker == worker), None)
         injected = self.injected_at.get(worker)
         fenced = self.fenced.get(worker)
@@ -347,6 +425,8 @@ class Coordinator:
             kind, t = fenced[2], fenced[0]               # detected when the detector fired
         elif crash:
             kind = "exception"
+        elif kind is not None:
+            pass
         else:
             kind = describe_exit(code).split(" by ")[-1] if code < 0 else f"exit {code}"
         rec = FailureRecord(kind=kind, rank=rank, worker=worker, step=wp.last_step, detected_at=t,
@@ -356,7 +436,7 @@ class Coordinator:
         self.ledger.failures.append(rec)
         self.ledger.open.append(rec)
         latency = f"; detected in {(t - rec.fault_at) * 1000:.0f} ms" if rec.fault_at else ""
-        self.log(f"FAILED  rank {rank} ({worker}, pid {wp.proc.pid}) {desc} at step {wp.last_step}{latency}")
+        self.log(f"FAILED  rank {rank} ({self._where(worker)}, pid {wp.pid}) {desc} at step {wp.last_step}{latency}")
 
     # ------------------------------------------------------------------ actions
     def _execute(self, action: policy.Action, reason: str = "", t: float | None = None) -> None:
@@ -365,17 +445,17 @@ class Coordinator:
             self._form(action, reason)
         elif isinstance(action, policy.AbortGeneration):
             for r in action.ranks:
-                self.agent.send(self.view.members[r], make("abort", gen=action.gen, reason=reason))
+                self.nodes.send(self.view.members[r], make("abort", gen=action.gen, reason=reason))
         elif isinstance(action, policy.Fence):
             for r in action.ranks:
                 worker = self.view.members[r]
                 self.fenced[worker] = (t, action.reason, action.kind)
                 self.log(f"FENCE   rank {r} ({worker}): {action.reason}; SIGKILL to its process group")
-                self.agent.kill(worker, signal.SIGKILL, group=True)
+                self.nodes.kill(worker, signal.SIGKILL, group=True)
         elif isinstance(action, policy.CheckpointNow):
             self.log(f"STOPPING {action.reason} Rank {action.rank} writes a last checkpoint to "
                      f"{self.checkpoint_dir}")
-            self.agent.send(self.view.members[action.rank], make("checkpoint_now", directory=self.checkpoint_dir))
+            self.nodes.send(self.view.members[action.rank], make("checkpoint_now", directory=self.checkpoint_dir))
         elif isinstance(action, policy.StartSpares):
             self._spawn_spares(action.count)
         elif isinstance(action, policy.Pause):
@@ -386,7 +466,7 @@ class Coordinator:
                 fault_at=injected[1] if injected else None))
             self.log(f"MIGRATE {action.reason}")
             for r, w in self.view.members.items():
-                self.agent.send(w, make("pause", gen=action.gen, reason=action.reason))
+                self.nodes.send(w, make("pause", gen=action.gen, reason=action.reason))
         elif isinstance(action, policy.Cordon):
             if self.health is not None:
                 self.health.cordon(action.device, action.reason, action.rule, t, retire=action.retire)
@@ -403,8 +483,8 @@ class Coordinator:
                 f.recovery_path = f.recovery_path or "stopped"
             self.log(f"STOP    {action.message}")
             self._release_all("job stopped")
-            for w in self.agent.alive():
-                self.agent.kill(w)
+            for w in self.nodes.alive():
+                self.nodes.kill(w)
             self.exit_code = action.code
 
     def _form(self, a: policy.FormGeneration, reason: str) -> None:
@@ -442,21 +522,21 @@ class Coordinator:
             # The old worker sends its own state to the spare (a 2-member group), then exits.
             extra = {"join_timeout": max(30.0, 4 * self.join_timeout)}
             rank = next(r for r, w in a.replacements.items())
-            self.agent.send(a.handoff_from, make("handoff", gen=a.gen, rank=rank,
+            self.nodes.send(a.handoff_from, make("handoff", gen=a.gen, rank=rank,
                                                  handoff=f"handoff{a.gen}/", **extra))
         for rank, worker in a.members.items():
-            self.agent.workers[worker].rank = rank
+            self.nodes.workers[worker].rank = rank
             if self.health is not None:
-                self.health.assign(rank, self.agent.workers[worker].device, worker)
+                self.health.assign(rank, self.nodes.workers[worker].device, worker)
             handoff = ({"handoff": f"handoff{a.gen}/"} if a.handoff_from is not None
                        and a.replacements.get(rank) == worker else {})
-            self.agent.send(worker, make("generation", gen=a.gen, rank=rank, world=len(a.members),
+            self.nodes.send(worker, make("generation", gen=a.gen, rank=rank, world=len(a.members),
                                          prefix=f"gen{a.gen}/", target=a.target, source=a.source,
                                          receivers=list(a.receivers), restore=a.restore, **handoff, **extra))
 
     def _release_all(self, reason: str) -> None:
-        for w in self.agent.alive():
+        for w in self.nodes.alive():
             if w not in self.view.ready_workers and self.view.rank_of(w) is None:
-                self.agent.kill(w)      # a spare still booting: nothing to wait for
+                self.nodes.kill(w)      # a spare still booting: nothing to wait for
             else:
-                self.agent.send(w, make("release", reason=reason))
+                self.nodes.send(w, make("release", reason=reason))

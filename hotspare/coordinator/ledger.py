@@ -112,6 +112,7 @@ class Ledger:
     migrations: list[MigrationRecord] = field(default_factory=list)
     health_events: list[dict[str, Any]] = field(default_factory=list)
     devices: list[dict[str, Any]] = field(default_factory=list)    # final device states
+    nodes: dict[str, Any] = field(default_factory=dict)            # node -> its slots and workers
     total_steps: int | None = None
     outcome: str = "running"
     message: str = ""
@@ -170,6 +171,7 @@ class Ledger:
             "migrations_total": sum(m.outcome == "migrated" for m in self.migrations),
             "health_events": self.health_events,
             "devices": self.devices,
+            "nodes": self.nodes,
             "wall_time_s": round(time.time() - self.started, 3),
             "median_step_time_s": round(statistics.median(self.step_times), 6) if self.step_times else None,
             # the mean counts what happens every N steps only (a periodic vote, a checkpoint)

@@ -37,6 +37,7 @@ class WorkerExited:
     worker: str
     code: int                  # negative: killed by that signal
     description: str = ""
+    node_lost: bool = False    # lost with its node agent's link, not seen to exit by itself
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,7 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
                             "failing over once (a second failure of the same step means a bug)")
 
     if isinstance(sig, WorkerExited) and sig.worker not in view.ready_workers and sig.code != 0 \
-            and view.rank_of(sig.worker) is None:
+            and view.rank_of(sig.worker) is None and not sig.node_lost:
         return Decision((Stop(1, f"worker {sig.worker} {sig.description or f'exited with code {sig.code}'} "
                                  "before it was ready: the training script failed to start (see its "
                                  "output above)"),), "startup failure")

@@ -19,6 +19,9 @@ _INT = (int,)
 _NUM = (int, float)
 _STR = (str,)
 _OPT_NUM = (int, float, type(None))
+_OPT_INT = (int, type(None))
+_OPT_STR = (str, type(None))
+_BOOL = (bool,)
 _LIST = (list,)
 _DICT = (dict,)
 
@@ -52,6 +55,21 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "probe": {"gen": _INT},          # a stall: which step's gradient exchange did you enter last?
     "watch": {"steps": (bool,)},     # send a "step" message as each step begins (armed faults)
     "handoff": {"gen": _INT, "rank": _INT, "handoff": _STR},
+    # node agent -> coordinator (hotspare.agent.link): what the agent saw happen on its node
+    "agent_hello": {"node": _STR, "pid": _INT, "devices": _LIST, "device_faults": _BOOL},
+    "started": {"worker": _STR, "pid": _INT},
+    "exited": {"worker": _STR, "code": _INT},
+    "relay": {"worker": _STR, "t": _NUM, "msg": _DICT},      # a worker's message, as it arrived
+    "injected": {"worker": _STR, "fault": _STR, "id": _INT, "t": _NUM},
+    "stopped": {"worker": _STR, "stopped": _BOOL},           # the process is (no longer) SIGSTOPped
+    "refused": {"command": _STR, "message": _STR},           # a command the agent could not carry out
+    # coordinator -> node agent: the coordinator decides, the agent carries out
+    "spawn": {"worker": _STR, "role": _STR, "rank": _OPT_INT, "device": _OPT_STR},
+    "kill": {"worker": _STR, "signal": _INT, "group": _BOOL},
+    "deliver": {"worker": _STR, "msg": _DICT},               # for a worker's control channel
+    "arm": {"id": _INT, "spec": _STR, "running": _BOOL},    # a fault to inject (hotspare.agent.inject)
+    "disarm": {"id": _INT},                                  # it fired on another node
+    "shutdown": {"grace": _NUM},                             # end the workers, then close the link
     # operator (hotspare inject) <-> launcher
     "inject": {"spec": _STR},
     "control_reply": {"ok": (bool,), "message": _STR},

@@ -1,0 +1,260 @@
+"""The coordinator's side of its node agents: their links, and what it knows of their workers.
+
+Each node agent connects to the ``NodeEndpoint`` and says ``agent_hello``; from then on its
+messages become events on the coordinator's queue, in the order the agent sent them. ``Nodes``
+is the coordinator's picture of the fleet, kept by the coordinator's own thread from those
+events: which workers exist, where, on which device, their pid and last step. It also carries
+the coordinator's decisions down as commands: placement (which node and device a new worker
+gets) is decided here, the agent only carries it out. Nothing here blocks on an agent.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hotspare.errors import ProtocolError
+from hotspare.protocol.channel import Channel, serve
+from hotspare.protocol.messages import Message, make, validate
+
+HELLO_TIMEOUT_S = 10.0
+
+# agent message -> coordinator event kind
+_EVENTS = {"relay": "msg", "exited": "exit", "started": "started", "injected": "injected",
+           "stopped": "stopped", "refused": "refused"}
+
+
+@dataclass
+class Worker:
+    """What the coordinator knows of one worker process."""
+    worker: str
+    node: str
+    role: str
+    rank: int | None
+    device: str | None
+    pid: int | None = None               # once the agent says it started
+    last_step: int | None = None         # the step it runs (from its messages)
+    exit_code: int | None = None
+    stopped: bool = False                # SIGSTOPped, as its agent sees it
+
+
+@dataclass
+class Node:
+    name: str
+    channel: Channel
+    devices: list[str]
+    device_faults: bool
+    pid: int
+    lost: bool = False
+    workers: set[str] = field(default_factory=set)
+
+
+class NodeEndpoint:
+    """The TCP listener node agents connect to. Each link is read by its own thread, which
+    turns messages into events ``(kind, worker or node, payload, time)`` on ``events``."""
+
+    def __init__(self, events: "queue.Queue", host: str = "127.0.0.1", port: int = 0):
+        self.events = events
+        self._server = socket.create_server((host, port))
+        self.address = f"{host}:{self._server.getsockname()[1]}"
+        serve(self._server, self._serve, "hotspare-node-endpoint")
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _serve(self, ch: Channel) -> None:
+        try:
+            ch.sock.settimeout(HELLO_TIMEOUT_S)
+            hello = ch.recv()
+            if hello is None or hello["type"] != "agent_hello":
+                raise ProtocolError(f"a node agent must begin with agent_hello, got {hello and hello['type']!r}")
+            ch.sock.settimeout(None)
+        except (OSError, ProtocolError) as e:
+            print(f"hotspare: refusing a connection to the node endpoint: {e}", file=sys.stderr, flush=True)
+            try:
+                ch.send(make("refused", command="connect", message=str(e)))
+            except OSError:
+                pass
+            ch.close()
+            return
+        node = hello["node"]
+        self.events.put(("node", node, (hello, ch), time.time()))
+        while True:
+            try:
+                msg = ch.recv()
+            except ProtocolError as e:
+                # One bad line is refused; the link and this node's workers go on.
+                print(f"hotspare: ignoring a bad message from node {node}: {e}", file=sys.stderr, flush=True)
+                continue
+            except OSError:
+                msg = None
+            if msg is None:
+                self.events.put(("node_lost", node, None, time.time()))
+                return
+            kind = _EVENTS.get(msg["type"])
+            if kind is None:
+                print(f"hotspare: ignoring {msg['type']!r} from node {node}: not an agent message",
+                      file=sys.stderr, flush=True)
+                continue
+            if kind == "msg":
+                try:
+                    validate(msg["msg"])
+                except ProtocolError as e:
+                    print(f"hotspare: ignoring a bad worker message relayed by node {node}: {e}",
+                          file=sys.stderr, flush=True)
+                    continue
+                self.events.put(("msg", msg["worker"], msg["msg"], float(msg["t"])))
+            elif kind == "refused":
+                self.events.put((kind, node, msg, time.time()))
+            elif kind == "injected":
+                self.events.put((kind, msg["worker"], msg, float(msg["t"])))
+            else:
+                self.events.put((kind, msg["worker"], msg, time.time()))
+
+
+class Nodes:
+    """The coordinator's view of its node agents and their workers (coordinator thread only)."""
+
+    def __init__(self, usable: Callable[[str], bool] = lambda d: True):
+        self.usable = usable
+        self.nodes: dict[str, Node] = {}
+        self.workers: dict[str, Worker] = {}
+        self._ids = itertools.count()
+        self._arms = itertools.count()
+        self.armed: dict[int, tuple[str, bool]] = {}     # faults not fired yet: id -> (spec, running)
+
+    # ------------------------------------------------------------------ links
+    def add(self, hello: Message, channel: Channel) -> Node:
+        name = hello["node"]
+        if name in self.nodes and not self.nodes[name].lost:
+            raise ProtocolError(f"a node named {name!r} is already connected")
+        node = Node(name, channel, [str(d) for d in hello["devices"]], hello["device_faults"], hello["pid"])
+        self.nodes[name] = node
+        for ident, (spec, running) in self.armed.items():
+            self._tell(node, make("arm", id=ident, spec=spec, running=running))
+        return node
+
+    def lose(self, name: str) -> list[str]:
+        """The link to ``name`` closed: its live workers are lost with it (returned)."""
+        node = self.nodes.get(name)
+        if node is None or node.lost:
+            return []
+        node.lost = True
+        return [w for w in sorted(node.workers) if self.workers[w].exit_code is None]
+
+    def _tell(self, node: Node, msg: Message) -> bool:
+        if node.lost:
+            return False
+        try:
+            node.channel.send(msg)
+            return True
+        except OSError:
+            return False
+
+    def live_nodes(self) -> list[Node]:
+        return [n for n in self.nodes.values() if not n.lost]
+
+    # ------------------------------------------------------------------ placement
+    def free_devices(self) -> list[str]:
+        """Device slots no live worker holds and ``usable`` accepts, node by node."""
+        held = {w.device for w in self.workers.values() if w.exit_code is None}
+        return [d for n in self.live_nodes() for d in n.devices if d not in held and self.usable(d)]
+
+    def _place(self) -> tuple[Node, str | None] | None:
+        free = self.free_devices()
+        for node in self.live_nodes():
+            if not node.devices:       # no device slots: processes only, the least loaded node
+                continue
+            device = next((d for d in node.devices if d in free), None)
+            if device is not None:
+                return node, device
+        bare = [n for n in self.live_nodes() if not n.devices]
+        if bare:
+            return min(bare, key=lambda n: len(self.alive_on(n))), None
+        return None
+
+    def spawn(self, role: str, rank: int | None = None) -> str | None:
+        """Place and start a worker; its id, or None when no usable device slot is free."""
+        where = self._place()
+        if where is None:
+            return None
+        node, device = where
+        worker = f"w{next(self._ids)}"
+        self.workers[worker] = Worker(worker, node.name, role, rank, device)
+        node.workers.add(worker)
+        self._tell(node, make("spawn", worker=worker, role=role, rank=rank, device=device))
+        return worker
+
+    # ------------------------------------------------------------------ workers
+    def alive(self) -> list[str]:
+        return [w for w, info in self.workers.items() if info.exit_code is None]
+
+    def alive_on(self, node: Node) -> list[str]:
+        return [w for w in node.workers if self.workers[w].exit_code is None]
+
+    def send(self, worker: str, msg: Message) -> bool:
+        info = self.workers.get(worker)
+        return info is not None and self._tell(self.nodes[info.node], make("deliver", worker=worker, msg=msg))
+
+    def kill(self, worker: str, sig: signal.Signals = signal.SIGKILL, group: bool = True) -> float:
+        info = self.workers[worker]
+        self._tell(self.nodes[info.node], make("kill", worker=worker, signal=int(sig), group=group))
+        return time.time()
+
+    def device_faults(self) -> bool:
+        return any(n.device_faults for n in self.live_nodes())
+
+    def arm(self, spec: str, running: bool) -> int:
+        """Give a fault to every agent, now and as they connect; the one whose node runs the
+        rank it names fires it."""
+        ident = next(self._arms)
+        self.armed[ident] = (spec, running)
+        for node in self.live_nodes():
+            self._tell(node, make("arm", id=ident, spec=spec, running=running))
+        return ident
+
+    def fired(self, ident: int, worker: str) -> None:
+        """A fault fired on ``worker``'s node: the other nodes drop their copy."""
+        self.armed.pop(ident, None)
+        here = self.workers[worker].node if worker in self.workers else None
+        for node in self.live_nodes():
+            if node.name != here:
+                self._tell(node, make("disarm", id=ident))
+
+    def observe(self, kind: str, worker: str, payload: Any) -> Worker | None:
+        """Keep the picture current from an agent event; the worker it is about, if known."""
+        info = self.workers.get(worker)
+        if info is None:
+            return None
+        if kind == "started":
+            info.pid = payload["pid"]
+        elif kind == "exit":
+            info.exit_code = payload["code"]
+        elif kind == "stopped":
+            info.stopped = payload["stopped"]
+        elif kind == "msg":
+            msg = payload
+            if msg["type"] == "step":
+                info.rank, info.last_step = msg["rank"], msg["step"]
+            elif msg["type"] == "commit":      # the next step begins right after a commit
+                info.rank, info.last_step = msg["rank"], msg["step"] + 1
+            elif msg["type"] == "joined" and isinstance(msg.get("committed"), int):
+                info.last_step = msg["committed"] + 1      # the step it runs first
+        return info
+
+    def describe(self) -> dict[str, Any]:
+        """For the report: each node's device slots and every worker it ran."""
+        return {n.name: {"devices": n.devices, "lost": n.lost, "workers": [
+            {"worker": w, "role": self.workers[w].role, "rank": self.workers[w].rank,
+             "device": self.workers[w].device, "exit_code": self.workers[w].exit_code}
+            for w in sorted(n.workers, key=lambda w: int(w[1:]))]} for n in self.nodes.values()}
+
+    def shutdown(self, grace: float) -> None:
+        """Ask every agent to end its workers (SIGKILL after ``grace`` seconds) and close."""
+        for node in self.live_nodes():
+            self._tell(node, make("shutdown", grace=grace))

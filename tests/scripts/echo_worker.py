@@ -1,0 +1,24 @@
+"""A minimal managed worker for the agent-link tests: says hello and ready, answers each
+probe with a ``reducing`` message and an abort with ``failed``, reports that step 5 begins once it is watched (armed
+faults), exits 0 on release. A real process on a real control channel."""
+import os
+import sys
+
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.messages import make
+
+host, port = os.environ["HOTSPARE_AGENT"].rsplit(":", 1)
+ch = Channel.connect(host, int(port))
+worker = os.environ["HOTSPARE_WORKER_ID"]
+ch.send(make("hello", worker=worker, pid=os.getpid(), role=os.environ["HOTSPARE_ROLE"]))
+ch.send(make("ready", worker=worker, committed=-1, device=os.environ.get("HOTSPARE_DEVICE", "")))
+while True:
+    msg = ch.recv()
+    if msg is None or msg["type"] == "release":
+        sys.exit(0)
+    if msg["type"] == "probe":
+        ch.send(make("reducing", gen=msg["gen"], rank=int(os.environ["RANK"]), step=7))
+    if msg["type"] == "abort":        # as a real worker does: leave the generation, say where it is
+        ch.send(make("failed", gen=msg["gen"], rank=int(os.environ["RANK"]), committed=-1, error="aborted"))
+    if msg["type"] == "watch" and msg["steps"]:
+        ch.send(make("step", gen=1, rank=int(os.environ["RANK"]), step=5))

@@ -1,0 +1,214 @@
+"""The node agent <-> coordinator link: real agent, real worker processes, real sockets.
+
+The coordinator's side is driven here by hand (``NodeEndpoint`` events, ``Nodes`` commands), so
+each message of the protocol is seen to do what it says, and bad input is seen to be refused
+without harming anything else."""
+import json
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hotspare.agent import NodeAgent
+from hotspare.coordinator.nodes import NodeEndpoint, Nodes
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.messages import make
+
+WORKER = [sys.executable, str(Path(__file__).parent / "scripts" / "echo_worker.py")]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def next_event(events, kinds, timeout=20.0):
+    """The next event of one of ``kinds``; the node's model is kept current on the way."""
+    deadline = time.time() + timeout
+    while True:
+        kind, who, payload, t = events.get(timeout=max(0.01, deadline - time.time()))
+        if kind in kinds:
+            return kind, who, payload, t
+
+
+@pytest.fixture
+def link():
+    events: queue.Queue = queue.Queue()
+    endpoint = NodeEndpoint(events)
+    agents = []
+
+    def connect(node, devices=None, device_fault=None):
+        agent = NodeAgent(WORKER, ENV, coordinator=endpoint.address, node=node, devices=devices,
+                          device_fault=device_fault)
+        agents.append(agent)
+        return agent
+
+    nodes = Nodes()
+    yield events, endpoint, nodes, connect
+    for agent in agents:
+        agent.shutdown(grace=0.0)
+    endpoint.close()
+
+
+def join(events, nodes, name):
+    kind, who, (hello, channel), _ = next_event(events, {"node"})
+    assert who == name and hello["type"] == "agent_hello"
+    return nodes.add(hello, channel)
+
+
+def test_spawn_relay_deliver_kill(link):
+    events, _, nodes, connect = link
+    connect("n0", devices=["n0/cpu0", "n0/cpu1"])
+    node = join(events, nodes, "n0")
+    assert node.devices == ["n0/cpu0", "n0/cpu1"] and not node.device_faults
+
+    w = nodes.spawn("active", rank=0)
+    assert nodes.workers[w].device == "n0/cpu0" and nodes.free_devices() == ["n0/cpu1"]
+    kind, who, payload, _ = next_event(events, {"started"})
+    nodes.observe(kind, who, payload)
+    assert who == w and nodes.workers[w].pid > 0
+    kind, who, msg, _ = next_event(events, {"msg"})
+    assert (who, msg["type"], msg["device"]) == (w, "ready", "n0/cpu0")
+
+    assert nodes.send(w, make("probe", gen=3))            # down to the worker, and its answer up
+    _, who, msg, _ = next_event(events, {"msg"})
+    assert (who, msg["type"], msg["gen"], msg["step"]) == (w, "reducing", 3, 7)
+
+    nodes.kill(w, signal.SIGKILL)
+    kind, who, payload, _ = next_event(events, {"exit"})
+    nodes.observe(kind, who, payload)
+    assert who == w and payload["code"] == -signal.SIGKILL
+    assert nodes.alive() == [] and nodes.free_devices() == ["n0/cpu0", "n0/cpu1"]
+
+
+def test_agent_refuses_bad_commands_and_goes_on(link):
+    events, _, nodes, connect = link
+    connect("n0", devices=["n0/cpu0"])
+    node = join(events, nodes, "n0")
+    bad = [make("spawn", worker="x1", role="spare", rank=None, device="n9/cpu7"),   # not its device
+           make("kill", worker="nobody", signal=9, group=True),
+           make("deliver", worker="x1", msg={"v": 1, "type": "probe"}),           # a bad inner message
+           make("arm", id=1, spec="kill:rank=1:step=oops", running=False),
+           make("probe", gen=1)]                                                   # not an agent command
+    for msg in bad:
+        node.channel.send(msg)
+    node.channel.sock.sendall(b'{"v": 1, "type": "spawn"}\nnot json\n')
+    said = [next_event(events, {"refused"})[2] for _ in range(len(bad) + 2)]
+    assert [m["command"] for m in said] == ["spawn", "kill", "deliver", "arm", "probe", "?", "?"]
+    text = " | ".join(m["message"] for m in said)
+    for what in ("'n9/cpu7' is not one of node n0's", "no worker nobody", "lacks field 'gen'",
+                 "must be an integer", "not a command for a node agent", "lacks field 'worker'",
+                 "not valid JSON"):
+        assert what in text, text
+    w = nodes.spawn("spare")                                 # the link still works
+    _, who, msg, _ = next_event(events, {"msg"})
+    assert (who, msg["type"]) == (w, "ready")
+    nodes.send(w, make("release", reason="test over"))
+    kind, who, payload, _ = next_event(events, {"exit"})
+    assert (who, payload["code"]) == (w, 0)
+
+
+def test_endpoint_refuses_strangers_and_bad_lines(link):
+    events, endpoint, nodes, connect = link
+    host, port = endpoint.address.rsplit(":", 1)
+    stranger = Channel.connect(host, int(port))                 # not an agent: refused, told why
+    stranger.send(make("probe", gen=1))
+    reply = stranger.recv()
+    assert reply["type"] == "refused" and "agent_hello" in reply["message"]
+    assert stranger.recv() is None
+    old = socket.create_connection((host, int(port)))           # another protocol version
+    old.sendall(json.dumps({"v": 0, "type": "agent_hello"}).encode() + b"\n")
+    assert b"protocol version 0 is not supported" in old.makefile("rb").readline()
+    old.close()
+
+    agent = connect("n0")
+    node = join(events, nodes, "n0")
+    agent.uplink.sock.sendall(b"garbage\n" + json.dumps(
+        {"v": 1, "type": "relay", "worker": "w9", "t": 1.0, "msg": {"v": 1, "type": "nope"}}).encode() + b"\n")
+    agent.uplink.send(make("spawn", worker="w9", role="spare", rank=None, device=None))   # wrong way
+    w = nodes.spawn("spare")                 # the link survives all three: the next event is real
+    kind, who, _, _ = next_event(events, {"started", "msg", "refused"})
+    assert (kind, who) == ("started", w)
+    assert node.name == "n0" and not node.lost
+
+
+def test_a_lost_link_loses_its_workers_and_the_agent_ends_them(link):
+    events, _, nodes, connect = link
+    agent = connect("n0")
+    node = join(events, nodes, "n0")
+    w = nodes.spawn("spare")
+    kind, who, payload, _ = next_event(events, {"started"})
+    nodes.observe(kind, who, payload)
+    pid = nodes.workers[w].pid
+    node.channel.close()                     # the coordinator goes away: the agent ends its workers
+    deadline = time.time() + 20
+    while agent.alive() and time.time() < deadline:
+        time.sleep(0.05)
+    assert agent.alive() == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert next_event(events, {"node_lost"})[1] == "n0"
+    assert nodes.lose("n0") == [w] and nodes.spawn("spare") is None   # nothing left to place on
+
+
+def test_faults_go_to_every_node_and_fire_once(link):
+    events, _, nodes, connect = link
+    a, b = connect("a", devices=["a/cpu0"]), connect("b", devices=["b/cpu0"])
+    ident = nodes.arm("kill:rank=1:step=5", running=False)     # before the nodes connect
+    for _ in range(2):
+        kind, who, (hello, channel), _ = next_event(events, {"node"})
+        nodes.add(hello, channel)                              # each gets the fault as it joins
+    w0, w1 = nodes.spawn("active", rank=0), nodes.spawn("active", rank=1)
+    assert (nodes.workers[w0].node, nodes.workers[w1].node) == ("a", "b")
+    # Both workers are watched and say step 5 begins; only rank 1 (on b) matches.
+    kind, who, msg, t = next_event(events, {"injected"})
+    assert (who, msg["fault"], msg["id"]) == (w1, "kill:rank=1:step=5", ident)
+    assert a.injector.pending() and not b.injector.pending()
+    nodes.fired(ident, who)                                    # a drops its copy
+    kind, who, payload, _ = next_event(events, {"exit"})
+    assert (who, payload["code"]) == (w1, -signal.SIGKILL)     # a real SIGKILL
+    deadline = time.time() + 10
+    while a.injector.pending() and time.time() < deadline:
+        time.sleep(0.02)
+    assert not a.injector.pending() and ident not in nodes.armed
+    assert w0 in a.alive()
+
+
+def test_coordinator_counts_a_lost_nodes_ranks_as_failed_and_replaces_them(link):
+    """Two nodes; node a's agent loses its link (as when its host dies). The coordinator counts
+    a's rank as lost with it and forms the next generation with the spare on node b; a's agent,
+    cut off from its coordinator, ends its workers."""
+    from hotspare.coordinator import Coordinator, Ledger
+    from hotspare.policy.decide import ClusterView
+    events, _, nodes, connect = link
+    lines = []
+    view = ClusterView(world_size=2, target_spares=1)
+    coord = Coordinator(nodes, events, view, Ledger({}), log=lines.append)
+    a = connect("a", devices=["a/cpu0"])
+    deadline = time.time() + 20
+    while not nodes.nodes and time.time() < deadline:
+        coord.step(0.05)
+    connect("b", devices=["b/cpu0", "b/cpu1"])
+    coord.start(nodes=2)                     # first fit: rank 0 on a, rank 1 and the spare on b
+    while view.generation < 1 and time.time() < deadline:
+        coord.step(0.05)
+    assert view.generation == 1, lines
+    doomed, spare = view.members[0], next(w for w in nodes.alive() if view.rank_of(w) is None)
+    assert (nodes.workers[doomed].node, nodes.workers[view.members[1]].node, nodes.workers[spare].node) \
+        == ("a", "b", "b")
+    pid = nodes.workers[doomed].pid
+
+    a.uplink.close()                         # the link to a is gone
+    while view.generation < 2 and time.time() < deadline:
+        coord.step(0.05)
+    assert view.generation == 2, lines
+    assert view.members[0] == spare          # the spare on b took a's rank
+    assert "NODE    a: the link to its agent closed; 1 worker(s) lost with it" in lines, lines
+    f = coord.ledger.failures[0]
+    assert (f.kind, f.rank, f.worker) == ("node lost", 0, doomed)
+    while a.alive() and time.time() < deadline:    # a's agent ended its orphaned worker
+        time.sleep(0.05)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    coord.stop_nodes(grace=0.0)
