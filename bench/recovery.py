@@ -277,7 +277,7 @@ def main() -> None:
     if not sections or not sections <= {1, 2, 3, 4, 5}:
         p.error(f"--sections {args.sections!r}: a comma-separated list of 1..5")
     model = "1m" if args.quick else "5m"
-    steps, rounds, reps = (60, 2, 5) if args.quick else (150, 3, 10)
+    steps, rounds, reps = (60, 2, 10) if args.quick else (150, 3, 40)   # a transfer takes ~30 ms
     print(f"model {model}, 4 ranks + 1 spare, CPU/gloo, {os.cpu_count()} cores", flush=True)
 
     results: dict = {}

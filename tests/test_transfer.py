@@ -9,8 +9,10 @@ import torch.multiprocessing as mp
 from hotspare.transfer import broadcast_state
 
 
-def tensors(rank):
+def tensors(rank, many=False):
     g = torch.Generator().manual_seed(0 if rank == 0 else 100 + rank)
+    if many:     # more small buckets than may be staged at once: the staging ring is reused
+        return [torch.randn(300, generator=g) for _ in range(40)]
     return [torch.randn(1000, generator=g), torch.randint(0, 9, (7,), generator=g),
             torch.randn(300_000, generator=g), torch.tensor(3.0 + rank), torch.randn(5, 5, generator=g)]
 
@@ -21,6 +23,9 @@ def worker(rank, world, port, q):
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     ts = tensors(rank)
     stats = broadcast_state(ts, src=0, group=None, is_source=rank == 0, bucket_bytes=64 * 1024)
+    many = tensors(rank, many=True)
+    more = broadcast_state(many, src=0, group=None, is_source=rank == 0, bucket_bytes=2048)
+    assert more.buckets == 40 and all(torch.equal(a, b) for a, b in zip(many, tensors(0, many=True)))
     expect = tensors(0)
     q.put((rank, all(torch.equal(a, b) for a, b in zip(ts, expect)), stats.bytes, stats.buckets))
     dist.barrier()
