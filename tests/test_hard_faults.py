@@ -122,9 +122,11 @@ def test_no_capacity_left_stops_cleanly_with_a_usable_checkpoint(tmp_path):
 
 
 def test_short_chaos_soak_ends_bitwise_equal_with_zero_lost_steps():
+    # Two node agents (the other tests run one): ranks, spares and faults cross agents.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "hotspare", "chaos", "--faults", "8", "--steps", "400",
-                           "--seed", "1"], capture_output=True, text=True, timeout=600, env=env)
+                           "--seed", "1", "--local-nodes", "2"], capture_output=True, text=True, timeout=600,
+                          env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "digest match                 yes" in out and "steps lost                   0" in out

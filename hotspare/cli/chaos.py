@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spares", type=int, default=1, help="warm spares (default: 1)")
     p.add_argument("--model", default="tiny", choices=["tiny", "1m", "5m"], help="model preset (default: tiny)")
     p.add_argument("--hang-floor", type=float, default=2.0, help="hang threshold floor in seconds (default: 2)")
+    p.add_argument("--local-nodes", type=int, default=1, metavar="K",
+                   help="node agents on this host (hotspare run --local-nodes): faults and spares then "
+                        "cross agents (default: 1)")
     p.add_argument("--report", metavar="FILE", help="write the faulted run's JSON report here")
     p.add_argument("--log", metavar="FILE", help="write the faulted run's full output here")
     p.add_argument("--health", action="store_true",
@@ -53,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"[chaos] {line}", flush=True)
 
-    if args.nproc < 3 or args.faults < 1 or args.steps < 0 or args.duration < 0:
-        print("hotspare chaos: error: needs --nproc >= 3, --faults >= 1, non-negative --steps/--duration",
-              file=sys.stderr)
+    if args.nproc < 3 or args.faults < 1 or args.steps < 0 or args.duration < 0 or args.local_nodes < 1:
+        print("hotspare chaos: error: needs --nproc >= 3, --faults >= 1, --local-nodes >= 1, non-negative "
+              "--steps/--duration", file=sys.stderr)
         return 2
-    extra = ["--hang-floor", str(args.hang_floor), "--log-every", "100000"]
+    extra = ["--hang-floor", str(args.hang_floor), "--log-every", "100000", "--local-nodes", str(args.local_nodes)]
     kinds = KINDS
     if args.health:
         kinds = tuple(k for pair in zip(HEALTH_KINDS, KINDS) for k in pair) + KINDS[len(HEALTH_KINDS):]
