@@ -20,7 +20,7 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
 
 WORKER = [sys.executable, str(Path(__file__).parent / "scripts" / "echo_worker.py")]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"}
 
 
 def next_event(events, kinds, timeout=20.0):
@@ -70,6 +70,7 @@ def test_spawn_relay_deliver_kill(link):
     assert who == w and nodes.workers[w].pid > 0
     kind, who, msg, _ = next_event(events, {"msg"})
     assert (who, msg["type"], msg["device"]) == (w, "ready", "n0/cpu0")
+    assert msg["env"] == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "HOTSPARE_DEVICE": "n0/cpu0"}
 
     assert nodes.send(w, make("probe", gen=3))            # down to the worker, and its answer up
     _, who, msg, _ = next_event(events, {"msg"})

@@ -171,7 +171,7 @@ class NodeAgent:
         if device:
             env["HOTSPARE_DEVICE"] = device
         if rank is not None:
-            env.update(RANK=str(rank), LOCAL_RANK=local, GROUP_RANK="0", ROLE_RANK=str(rank))
+            env.update(RANK=str(rank), LOCAL_RANK=local, ROLE_RANK=str(rank))
         else:
             env.update(RANK="-1", LOCAL_RANK=local)
         # Each worker leads its own process group so a fence can kill its children too, and

@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     store = dist.TCPStore(args.master_addr, args.master_port, is_master=True, wait_for_workers=False)
     env = dict(os.environ)
     env.update(WORLD_SIZE=str(args.nproc), LOCAL_WORLD_SIZE=str(args.nproc), MASTER_ADDR=args.master_addr,
-               MASTER_PORT=str(store.port), ROLE_WORLD_SIZE=str(args.nproc), GROUP_WORLD_SIZE="1",
+               MASTER_PORT=str(store.port), ROLE_WORLD_SIZE=str(args.nproc), GROUP_WORLD_SIZE="1", GROUP_RANK="0",
                TORCHELASTIC_RUN_ID="hotspare", PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")
     env["HOTSPARE_JOIN_TIMEOUT"] = str(args.join_timeout)
@@ -272,7 +272,12 @@ def _agents(args, env: dict[str, str], coordinator: str, devices: list[str] | No
     agents = []
     for i in range(k):
         share = None if devices is None else devices[len(devices) * i // k: len(devices) * (i + 1) // k]
-        agents.append(NodeAgent(cmd, env, coordinator=coordinator, node=host if k == 1 else f"{host}-{i}",
+        node_env = dict(env)
+        if k > 1:       # torchrun's view of a node: its index among the nodes, and its own size
+            node_env.update(GROUP_RANK=str(i), GROUP_WORLD_SIZE=str(k))
+            if share:
+                node_env["LOCAL_WORLD_SIZE"] = str(len(share))
+        agents.append(NodeAgent(cmd, node_env, coordinator=coordinator, node=host if k == 1 else f"{host}-{i}",
                                 devices=share, device_fault=device_fault))
     return agents
 

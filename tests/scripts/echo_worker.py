@@ -11,7 +11,8 @@ host, port = os.environ["HOTSPARE_AGENT"].rsplit(":", 1)
 ch = Channel.connect(host, int(port))
 worker = os.environ["HOTSPARE_WORKER_ID"]
 ch.send(make("hello", worker=worker, pid=os.getpid(), role=os.environ["HOTSPARE_ROLE"]))
-ch.send(make("ready", worker=worker, committed=-1, device=os.environ.get("HOTSPARE_DEVICE", "")))
+env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "HOTSPARE_DEVICE")}
+ch.send(make("ready", worker=worker, committed=-1, device=os.environ.get("HOTSPARE_DEVICE", ""), env=env))
 while True:
     msg = ch.recv()
     if msg is None or msg["type"] == "release":
