@@ -119,3 +119,25 @@ def test_bad_input_gets_a_clear_error_and_exit_2(argv, message):
 def test_help_teaches_the_injection_grammar():
     proc = subprocess.run([sys.executable, "-m", "hotspare", "run", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "kill:rank=R:step=S" in proc.stdout and "--spares" in proc.stdout
+
+
+def test_ctrl_c_stops_the_job_at_once_and_leaves_no_worker_behind():
+    import signal
+    import time
+    marker = "1234321"        # a --corpus-bytes no other job uses: finds this job's workers
+    proc = subprocess.Popen([sys.executable, "-m", "hotspare", "run", "--nproc", "2", "--spares", "1", "--",
+                             str(EXAMPLE), "--model", "tiny", "--steps", "100000", "--corpus-bytes", marker],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if " step " in line and "gen 1" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    t0 = time.time()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, "".join(lines) + out
+    assert time.time() - t0 < 10 and "interrupted by the user" in out
+    left = subprocess.run(["pgrep", "-f", f"--corpus-bytes {marker}"], capture_output=True, text=True).stdout
+    assert left.strip() == "", left

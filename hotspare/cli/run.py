@@ -242,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
         if poller is not None:
             poller.stop()
         control.close()
-        coord.stop_nodes(grace=10.0)
+        # Released workers end by themselves (barrier, os._exit); after Ctrl-C nobody told them to.
+        coord.stop_nodes(grace=0.0 if ledger.outcome == "interrupted" else 10.0)
         for agent in agents:
             agent.close()
         endpoint.close()
