@@ -213,3 +213,25 @@ def test_coordinator_counts_a_lost_nodes_ranks_as_failed_and_replaces_them(link)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     coord.stop_nodes(grace=0.0)
+
+
+def test_a_second_agent_with_a_taken_name_is_refused_and_the_first_goes_on(link):
+    from hotspare.coordinator import Coordinator, Ledger
+    from hotspare.policy.decide import ClusterView
+    events, _, nodes, connect = link
+    lines = []
+    coord = Coordinator(nodes, events, ClusterView(world_size=1, target_spares=0), Ledger({}), log=lines.append)
+    connect("n0")
+    deadline = time.time() + 20
+    while "n0" not in nodes.nodes and time.time() < deadline:
+        coord.step(0.05)
+    first = nodes.nodes["n0"]
+    dup = connect("n0")
+    while not dup._closed.is_set() and time.time() < deadline:   # refused, cut off: it closes
+        coord.step(0.05)
+    for _ in range(10):                                          # its link's end reaches the coordinator
+        coord.step(0.05)
+    assert any(line.startswith("NODE    refused an agent: a node named 'n0' is already connected")
+               for line in lines), lines
+    assert nodes.nodes["n0"] is first and not first.lost
+    assert not any("link to its agent closed" in line for line in lines), lines

@@ -89,7 +89,7 @@ class Coordinator:
             except queue.Empty:
                 break
             if kind == "node_lost":
-                self.nodes.lose(who)
+                self.nodes.lose(who, payload)
             elif kind in ("exit", "started", "stopped"):
                 self.nodes.observe(kind, who, payload)
         for name in [n.name for n in self.nodes.live_nodes()]:
@@ -143,8 +143,12 @@ class Coordinator:
         if kind in ("started", "stopped"):
             return
         if kind == "injected":
-            fault = parse(payload["fault"], running=True)
             self.nodes.fired(payload["id"], worker)
+            try:
+                fault = parse(payload["fault"], running=True)
+            except ConfigError as e:
+                print(f"hotspare: an agent reported an unreadable fault: {e}", file=sys.stderr)
+                return
             self.injected_at[worker] = (fault, t)
             how = {"device": "its device's simulated telemetry", "worker": "the worker itself"}.get(
                 fault.target) or (fault.signal.name if fault.signal else f"exit with status {fault.code}")
@@ -187,7 +191,9 @@ class Coordinator:
         elif kind == "refused":
             self.log(f"NODE    {name} refused {payload['command']!r}: {payload['message']}")
         else:
-            lost = self.nodes.lose(name)
+            if name in self.nodes.nodes and self.nodes.nodes[name].channel is not payload:
+                return                  # a link refused above
+            lost = self.nodes.lose(name, payload)
             if lost or self.view.phase not in ("finished", "stopped"):
                 self.log(f"NODE    {name}: the link to its agent closed; {len(lost)} worker(s) lost with it")
             for w in lost:

@@ -93,8 +93,8 @@ class NodeEndpoint:
                 continue
             except OSError:
                 msg = None
-            if msg is None:
-                self.events.put(("node_lost", node, None, time.time()))
+            if msg is None:       # the payload tells this link from a later one of the same name
+                self.events.put(("node_lost", node, ch, time.time()))
                 return
             kind = _EVENTS.get(msg["type"])
             if kind is None:
@@ -139,10 +139,11 @@ class Nodes:
             self._tell(node, make("arm", id=ident, spec=spec, running=running))
         return node
 
-    def lose(self, name: str) -> list[str]:
-        """The link to ``name`` closed: its live workers are lost with it (returned)."""
+    def lose(self, name: str, channel: Channel | None = None) -> list[str]:
+        """The link ``channel`` to ``name`` closed (any link when None): its live workers are
+        lost with it (returned). A refused second link of the same name loses nothing."""
         node = self.nodes.get(name)
-        if node is None or node.lost:
+        if node is None or node.lost or (channel is not None and channel is not node.channel):
             return []
         node.lost = True
         return [w for w in sorted(node.workers) if self.workers[w].exit_code is None]
