@@ -89,6 +89,7 @@ def test_agent_refuses_bad_commands_and_goes_on(link):
     node = join(events, nodes, "n0")
     bad = [make("spawn", worker="x1", role="spare", rank=None, device="n9/cpu7"),   # not its device
            make("kill", worker="nobody", signal=9, group=True),
+           make("kill", worker="x1", signal=12345, group=True),                   # no such signal
            make("deliver", worker="x1", msg={"v": 1, "type": "probe"}),           # a bad inner message
            make("arm", id=1, spec="kill:rank=1:step=oops", running=False),
            make("probe", gen=1)]                                                   # not an agent command
@@ -96,9 +97,10 @@ def test_agent_refuses_bad_commands_and_goes_on(link):
         node.channel.send(msg)
     node.channel.sock.sendall(b'{"v": 1, "type": "spawn"}\nnot json\n')
     said = [next_event(events, {"refused"})[2] for _ in range(len(bad) + 2)]
-    assert [m["command"] for m in said] == ["spawn", "kill", "deliver", "arm", "probe", "?", "?"]
+    assert [m["command"] for m in said] == ["spawn", "kill", "kill", "deliver", "arm", "probe", "?", "?"]
     text = " | ".join(m["message"] for m in said)
-    for what in ("'n9/cpu7' is not one of node n0's", "no worker nobody", "lacks field 'gen'",
+    for what in ("'n9/cpu7' is not one of node n0's", "no worker nobody", "12345 is not a valid Signals",
+                 "lacks field 'gen'",
                  "must be an integer", "not a command for a node agent", "lacks field 'worker'",
                  "not valid JSON"):
         assert what in text, text

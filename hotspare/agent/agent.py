@@ -112,23 +112,23 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ commands
     def _commands(self) -> None:
-        try:
-            while True:
-                try:
-                    msg = self.uplink.recv()
-                except ProtocolError as e:
-                    self._up("refused", command="?", message=str(e))
-                    continue
-                if msg is None:
-                    break
-                try:
-                    self._command(msg)
-                except (ProtocolError, ConfigError, KeyError) as e:
-                    self._up("refused", command=msg["type"], message=str(e))
-                if msg["type"] == "shutdown":
-                    return
-        except OSError:
-            pass
+        while True:
+            try:
+                msg = self.uplink.recv()
+            except ProtocolError as e:           # one bad line: refused, the link goes on
+                self._up("refused", command="?", message=str(e))
+                continue
+            except OSError:
+                msg = None
+            if msg is None:
+                break
+            try:
+                self._command(msg)
+            except Exception as e:               # a command that cannot be carried out harms nothing else
+                why = str(e) if isinstance(e, (ProtocolError, ConfigError)) else f"{type(e).__name__}: {e}"
+                self._up("refused", command=msg["type"], message=why)
+            if msg["type"] == "shutdown":
+                return
         # The coordinator is gone: nothing can coordinate these workers any more.
         if not self._closed.is_set():
             print("hotspare agent: lost the coordinator; ending this node's workers", file=sys.stderr,

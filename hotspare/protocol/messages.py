@@ -55,7 +55,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "probe": {"gen": _INT},          # a stall: which step's gradient exchange did you enter last?
     "watch": {"steps": (bool,)},     # send a "step" message as each step begins (armed faults)
     "handoff": {"gen": _INT, "rank": _INT, "handoff": _STR},
-    # node agent -> coordinator (hotspare.agent.link): what the agent saw happen on its node
+    # node agent -> coordinator (hotspare.agent, hotspare.coordinator.nodes): what it saw happen
     "agent_hello": {"node": _STR, "pid": _INT, "devices": _LIST, "device_faults": _BOOL},
     "started": {"worker": _STR, "pid": _INT},
     "exited": {"worker": _STR, "code": _INT},
