@@ -81,7 +81,7 @@ class HealthMonitor:
         dev = reading.device
         hist = self.rules.trim(self.history.get(dev, []) + [reading], now)
         self.history[dev] = hist
-        verdict = worst(evaluate(self.rules, hist, now))
+        verdict = worst(evaluate(self.rules, hist, now, touched=reading.metrics))
         events = {m: False for m in EVENT_METRICS if reading.metrics.get(m)}
         if events:   # a vote is an event, not a state: the next reading must not find it again
             hist.append(Reading(dev, reading.time, reading.source, events, reading.rank))

@@ -507,3 +507,24 @@ def test_the_docs_show_the_rules_generated_from_the_data():
         "docs/HEALTH.md is stale: run python -m hotspare.health.rules_doc --update-doc docs/HEALTH.md")
     for name in RULES.names():
         assert f"`{name}`" in text
+
+
+def test_evaluating_only_the_touched_rules_keeps_every_rule_that_distrusts_memory():
+    # A hot device that also reported Xid 79 (memory not to be trusted); then a runtime reading.
+    nvml = polls(n=5, change=lambda i, n: {T.TEMP_C: 92, **({T.XIDS: (79,)} if i == n - 1 else {})})
+    runtime = Reading(DEV, nvml[-1].time + 1, "runtime", dict(RUNTIME), 1)
+    history = nvml + [runtime]
+    now = runtime.time
+    full = {v.rule for v in evaluate(RULES, history, now)}
+    assert {"temp-limit", "gpu-lost"} <= full
+    touched = {v.rule for v in evaluate(RULES, history, now, touched=runtime.metrics)}
+    # temp-limit saw nothing new (it was judged when its readings came); gpu-lost distrusts memory
+    assert "temp-limit" not in touched and "gpu-lost" in touched
+    assert not worst(evaluate(RULES, history, now, touched=runtime.metrics)).trust_memory
+    # every rule is judged exactly as in a full evaluation when it is evaluated at all
+    for metrics in (runtime.metrics, nvml[-1].metrics, {T.TEMP_C: 1}):
+        some = {v.rule: v for v in evaluate(RULES, history, now, touched=metrics)}
+        everything = {v.rule: v for v in evaluate(RULES, history, now)}
+        assert all(everything[name] == v for name, v in some.items())
+        assert {r.name for r in RULES.rules if r.name in everything and
+                (not r.trust_memory or not r.metrics.isdisjoint(metrics))} == set(some)
