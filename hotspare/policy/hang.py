@@ -38,7 +38,7 @@ class RankActivity:
 
 def threshold(step_times: Sequence[float], floor: float = DEFAULT_FLOOR_S,
               factor: float = DEFAULT_FACTOR) -> float:
-    recent = list(step_times)[-50:]
+    recent = list(step_times[-50:])       # the list grows with the run: slice, never copy it whole
     typical = statistics.median(recent) if recent else floor
     return max(floor, factor * typical)
 
