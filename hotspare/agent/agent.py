@@ -24,7 +24,7 @@ from typing import Any, Callable
 from hotspare.agent.inject import Fault, Injector, parse
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol.channel import Channel, serve
-from hotspare.protocol.messages import encode, make, validate
+from hotspare.protocol.messages import make, validate
 
 PROC_POLL_S = 0.25        # how often the agent looks for SIGSTOPped workers
 DRAIN_S = 0.5             # at most this long, a worker's last messages go up before its exit
@@ -89,9 +89,6 @@ class NodeAgent:
         self.workers: dict[str, WorkerProc] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._outbox: list[bytes] = []           # for the coordinator, in order (see _up)
-        self._outbox_cv = threading.Condition()
-        self._writing = True                     # the uplink writer holds a batch, or is alive
         self._server = socket.create_server((host, 0))
         self.port = self._server.getsockname()[1]
         serve(self._server, self._serve, "agent-accept")
@@ -99,7 +96,6 @@ class NodeAgent:
         self.uplink = Channel.connect(chost, int(cport))
         self._up("agent_hello", node=self.node, pid=os.getpid(), devices=self.devices,
                  device_faults=device_fault is not None)
-        threading.Thread(target=self._write_up, name="agent-uplink", daemon=True).start()
         threading.Thread(target=self._commands, name="agent-commands", daemon=True).start()
         threading.Thread(target=self._watch_procs, name="agent-procs", daemon=True).start()
 
@@ -108,34 +104,11 @@ class NodeAgent:
         return f"{self.host}:{self.port}"
 
     def _up(self, type_: str, **fields: Any) -> None:
-        """Tell the coordinator, in order. One thread writes whatever has queued up in one
-        system call: the ranks commit a step together, and their four messages then wake the
-        coordinator's side once, not four times."""
-        data = encode(make(type_, **fields))
-        with self._outbox_cv:
-            self._outbox.append(data)
-            self._outbox_cv.notify()
-
-    def _write_up(self) -> None:
+        """Tell the coordinator; if the link is gone, ``_commands`` is already ending the node."""
         try:
-            while True:
-                with self._outbox_cv:
-                    self._writing = False
-                    self._outbox_cv.notify_all()
-                    while not self._outbox and not self._closed.is_set():
-                        self._outbox_cv.wait()
-                    batch, self._outbox = self._outbox, []
-                    self._writing = bool(batch)
-                if not batch:
-                    return                       # closed, and everything said
-                self.uplink.send_raw(b"".join(batch))
+            self.uplink.send(make(type_, **fields))
         except OSError:
-            pass                                 # the link is gone: _commands ends the node
-        finally:
-            with self._outbox_cv:
-                self._writing = False
-                self._outbox.clear()
-                self._outbox_cv.notify_all()
+            pass
 
     # ------------------------------------------------------------------ commands
     def _commands(self) -> None:
@@ -262,16 +235,10 @@ class NodeAgent:
                 wp.proc.wait()
         self.close()
 
-    def close(self, flush: float = 2.0) -> None:
-        """Stop serving; what is queued for the coordinator goes first (up to ``flush`` s)."""
+    def close(self) -> None:
         if self._closed.is_set():
             return
-        deadline = time.time() + flush
-        with self._outbox_cv:
-            while (self._outbox or self._writing) and time.time() < deadline:
-                self._outbox_cv.wait(max(0.0, deadline - time.time()))
-            self._closed.set()
-            self._outbox_cv.notify_all()
+        self._closed.set()
         self._server.close()
         self.uplink.close()
 

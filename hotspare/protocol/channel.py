@@ -28,11 +28,6 @@ class Channel:
         with self._send_lock:
             self.sock.sendall(data)
 
-    def send_raw(self, data: bytes) -> None:
-        """Send lines already encoded (``encode``), e.g. several at once."""
-        with self._send_lock:
-            self.sock.sendall(data)
-
     def recv(self) -> Message | None:
         """The next message, or None when the peer closed the connection."""
         line = self._reader.readline(MAX_LINE + 1)
