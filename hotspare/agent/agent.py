@@ -202,9 +202,9 @@ class NodeAgent:
         if wp is None:
             raise ProtocolError(f"no worker {worker} on node {self.node}")
         try:
-            if group:
+            if group:      # its pid names the group while any member lives, so it is not reused
                 os.killpg(wp.proc.pid, sig)
-            else:
+            elif wp.proc.returncode is None:      # reaped: the pid may belong to someone else now
                 os.kill(wp.proc.pid, sig)
         except ProcessLookupError:
             pass
