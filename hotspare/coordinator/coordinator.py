@@ -18,7 +18,7 @@ from typing import Any, Callable
 from hotspare.agent import describe_exit
 from hotspare.agent.inject import Fault, parse
 from hotspare.coordinator.ledger import FailureRecord, Ledger, MigrationRecord
-from hotspare.coordinator.nodes import Nodes
+from hotspare.coordinator.nodes import Nodes, refuse
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.policy import decide as policy
 from hotspare.policy import hang
@@ -180,11 +180,7 @@ class Coordinator:
                 node = self.nodes.add(hello, channel)
             except ProtocolError as e:
                 self.log(f"NODE    refused an agent: {e}")
-                try:
-                    channel.send(make("refused", command="agent_hello", message=str(e)))
-                except OSError:
-                    pass
-                channel.close()
+                refuse(channel, "agent_hello", str(e))
                 return
             slots = f"{len(node.devices)} device slot(s)" if node.devices else "no device slots"
             self.log(f"NODE    {name}: agent pid {node.pid} connected, {slots}")

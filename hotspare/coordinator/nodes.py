@@ -54,6 +54,15 @@ class Node:
     workers: set[str] = field(default_factory=set)
 
 
+def refuse(ch: Channel, command: str, message: str) -> None:
+    """Tell the other end why (if it still listens), then hang up."""
+    try:
+        ch.send(make("refused", command=command, message=message))
+    except OSError:
+        pass
+    ch.close()
+
+
 class NodeEndpoint:
     """The TCP listener node agents connect to. Each link is read by its own thread, which
     turns messages into events ``(kind, worker or node, payload, time)`` on ``events``."""
@@ -76,11 +85,7 @@ class NodeEndpoint:
             ch.sock.settimeout(None)
         except (OSError, ProtocolError) as e:
             print(f"hotspare: refusing a connection to the node endpoint: {e}", file=sys.stderr, flush=True)
-            try:
-                ch.send(make("refused", command="connect", message=str(e)))
-            except OSError:
-                pass
-            ch.close()
+            refuse(ch, "connect", str(e))
             return
         node = hello["node"]
         self.events.put(("node", node, (hello, ch), time.time()))
