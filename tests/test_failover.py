@@ -27,8 +27,8 @@ def assert_recovered(result, reference, failures):
     r = result.report
     assert r["final_state_digest"] == reference, "faulted run diverged from the fault-free run"
     assert r["replicas_consistent"] and r["steps_completed"] == 40 and r["steps_repeated"] == 0
-    assert r["failures_total"] == failures and r["recovered_zero_loss"] == failures, \
-        (r["failures"], result.output[-5000:])       # what the extra failure was, if one flakes in
+    assert r["failures_total"] == failures and r["recovered_zero_loss"] == failures, "\n".join(
+        [json.dumps(f) for f in r["failures"]] + [line for line in result.output.splitlines() if " step " not in line])
     for f in r["failures"]:
         assert f["recovery_path"] == "memory" and f["lost_steps"] == 0, f
         assert f["downtime_s"] is not None and f["detection_latency_s"] is not None
@@ -60,6 +60,8 @@ def test_second_failure_finds_the_reprovisioned_warm_spare():
     r = run_job(args, spares=1, inject=["kill:rank=1:step=20", "kill:rank=1:step=380"])
     assert r.code == 0, r.output
     assert r.digest == ref.digest and r.report["steps_repeated"] == 0
+    assert len(r.report["failures"]) == 2, "\n".join(
+        [json.dumps(f) for f in r.report["failures"]] + [line for line in r.output.splitlines() if " step " not in line])
     first, second = r.report["failures"]
     assert first["replacement"] == "w4" and second["replacement"] == "w5"   # w5: the re-provisioned spare
     assert second["spare_was_warm"] and first["spare_was_warm"]
