@@ -309,6 +309,11 @@ class NodeAgent:
                 if fault is not None:
                     self._inject(wp, fault, now)
                     self.watch_steps()
+                if isinstance(msg.get("wait"), int):     # a trigger: the worker waits for this
+                    try:
+                        ch.send(make("go", wait=msg["wait"]))
+                    except OSError:
+                        pass                 # killed just now by the fault
                 self._up("relay", worker=wp.worker, t=now, msg=msg)
         except ConnectionResetError:
             return                       # the worker died; its exit is reported by _wait

@@ -31,6 +31,9 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     # worker -> agent
     "hello": {"worker": _STR, "pid": _INT, "role": _STR},
     "ready": {"worker": _STR, "committed": _INT},
+    # "step", "joining" and "transfer" are fault triggers: while faults are armed ("watch") they
+    # carry a "wait" sequence number, and the worker goes on only once the agent answers "go"
+    # with it, so an injected fault lands exactly there (hotspare.agent.inject)
     "step": {"gen": _INT, "rank": _INT, "step": _INT},        # only while the agent watches steps
     "reducing": {"gen": _INT, "rank": _INT, "step": _INT},    # the answer to a probe
     "joining": {"gen": _INT, "rank": _INT},
@@ -54,6 +57,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "pause": {"gen": _INT, "reason": _STR},
     "probe": {"gen": _INT},          # a stall: which step's gradient exchange did you enter last?
     "watch": {"steps": (bool,)},     # send a "step" message as each step begins (armed faults)
+    "go": {"wait": _INT},            # the agent saw the trigger with this "wait" number: go on
     "handoff": {"gen": _INT, "rank": _INT, "handoff": _STR},
     # node agent -> coordinator (hotspare.agent, hotspare.coordinator.nodes): what it saw happen
     "agent_hello": {"node": _STR, "pid": _INT, "devices": _LIST, "device_faults": _BOOL},

@@ -54,6 +54,7 @@ ENV_WORKER = "HOTSPARE_WORKER_ID"
 ENV_ROLE = "HOTSPARE_ROLE"            # "active" or "spare"
 ENV_JOIN_TIMEOUT = "HOTSPARE_JOIN_TIMEOUT"   # seconds to form a generation's group
 ENV_FINGERPRINT_EVERY = "HOTSPARE_FINGERPRINT_EVERY"   # steps between health votes (0: no fingerprint)
+GO_TIMEOUT_S = 10.0                     # longest wait for the agent at a fault trigger
 DEFAULT_VOTE_EVERY = 10   # steps between health votes; see runtime/vote.py for the trade-off
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
@@ -106,6 +107,7 @@ class Job:
         self.step_times: list[float] = []   # seconds per committed step on this rank
         self._reducing_step: int | None = None
         self._watched = False                # the agent wants a message as each step begins
+        self._wait_seq, self._go = 0, threading.Event()   # ... and answers it (see _trigger)
         self._aborted_upto = 0               # newest generation the coordinator aborted
         self._persist = Persister(self.registry)
         # In-process health signals (see runtime/vote.py).
@@ -239,7 +241,7 @@ class Job:
         self._step_t0 = time.perf_counter()
         if self.managed:
             if self._watched:    # a fault is armed somewhere: the agent triggers it on step boundaries
-                self._channel.send(make("step", gen=self.generation, rank=self.rank, step=step, total=self._total))
+                self._trigger("step", gen=self.generation, rank=self.rank, step=step, total=self._total)
             self._start_vote(step)
 
     def _on_optimizer_step(self, *_: Any) -> None:
@@ -285,6 +287,21 @@ class Job:
             return True
         self._report_crash(step, ev)
         return False
+
+    def _trigger(self, type_: str, **fields: Any) -> None:
+        """Tell the agent this rank reached a fault trigger (a step's start, joining, receiving
+        state). While faults are armed, wait for its "go": an injected fault then lands exactly
+        here (a SIGKILL at step 17 kills the rank in step 17, not a few steps later when the
+        agent's thread got the CPU). Never waits for long: the run matters more than the test."""
+        if not self._watched:
+            self._channel.send(make(type_, **fields))
+            return
+        self._wait_seq += 1
+        self._go.clear()
+        self._channel.send(make(type_, wait=self._wait_seq, **fields))
+        if not self._go.wait(GO_TIMEOUT_S):
+            print(f"hotspare: rank {self.rank}: no answer from the agent to {type_!r} within "
+                  f"{GO_TIMEOUT_S:.0f} s; going on", file=sys.stderr, flush=True)
 
     def _report_crash(self, step: int, ev: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(ev), ev, ev.__traceback__))
@@ -491,7 +508,7 @@ class Job:
         self.generation, self.rank, self.world_size = msg["gen"], msg["rank"], msg["world"]
         self._params = None
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
-        self._channel.send(make("joining", gen=self.generation, rank=self.rank))
+        self._trigger("joining", gen=self.generation, rank=self.rank)
         join_timeout = float(msg.get("join_timeout") or os.environ.get(ENV_JOIN_TIMEOUT, 5.0))
         handoff_bytes, handoff_s = (self._receive_handoff(msg, join_timeout) if msg.get("handoff")
                                     else (0, 0.0))
@@ -525,7 +542,7 @@ class Job:
         self._pending_sync = None
         if msg.get("restore"):
             # No copy survived in memory (or --resume): every rank reads the checkpoint itself.
-            self._channel.send(make("transfer", gen=self.generation, rank=self.rank, role="restore"))
+            self._trigger("transfer", gen=self.generation, rank=self.rank, role="restore")
             t0 = time.perf_counter()
             self.committed = self._applied = self._persist.restore(msg["restore"])
             return self.registry.snapshot().nbytes(), time.perf_counter() - t0
@@ -534,8 +551,8 @@ class Job:
             return 0, 0.0
         key = f"state/{source}"
         if self.rank == source or self.rank in receivers:
-            self._channel.send(make("transfer", gen=self.generation, rank=self.rank,
-                                    role="source" if self.rank == source else "receiver"))
+            self._trigger("transfer", gen=self.generation, rank=self.rank,
+                          role="source" if self.rank == source else "receiver")
         if self.rank == source:
             if self.committed != target:
                 raise StateMismatch(f"rank {self.rank} was chosen as source for step {target} "
@@ -588,7 +605,7 @@ class Job:
         code = 0
         try:
             group = self._pair(msg, 0, float(msg.get("join_timeout") or 30.0))
-            self._channel.send(make("transfer", gen=msg["gen"], rank=self.rank, role="source"))
+            self._trigger("transfer", gen=msg["gen"], rank=self.rank, role="source")
             snap = self.registry.snapshot()
             group.store.set("state/handoff", json.dumps(snap.manifest(self.committed)))
             stats = broadcast_state([t.detach() for _, t in snap.tensors], 0, None, is_source=True,
@@ -606,7 +623,7 @@ class Job:
     def _receive_handoff(self, msg: dict[str, Any], join_timeout: float) -> tuple[int, float]:
         """The spare's half of a live migration: receive the old worker's state directly."""
         group = self._pair(msg, 1, join_timeout)
-        self._channel.send(make("transfer", gen=msg["gen"], rank=msg["rank"], role="receiver"))
+        self._trigger("transfer", gen=msg["gen"], rank=msg["rank"], role="receiver")
         manifest = json.loads(group.store.get("state/handoff"))
         if not isinstance(manifest, dict) or not {"step", "entries", "trees"} <= set(manifest):
             raise StateMismatch("malformed state manifest from the migrating rank")
@@ -654,6 +671,9 @@ class Job:
                     self._pause_gen = msg["gen"]
                 elif msg["type"] == "watch":          # report each step's start (faults armed)
                     self._watched = msg["steps"]
+                elif msg["type"] == "go":             # the agent has acted on our trigger
+                    if msg["wait"] == self._wait_seq:
+                        self._go.set()
                 elif msg["type"] == "probe":          # the job stalls: where is this rank?
                     if msg["gen"] == self.generation and self.rank is not None:
                         step = self._reducing_step
