@@ -47,15 +47,14 @@ def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against rea
         fut.set_result(buf)
         return fut.then(_aborted(job.generation))
     try:
-        job._inspect_bucket(buf)     # this rank's own NaN/Inf, read only if the reduced ones are
+        # Scale by 1/world (DDP's own arithmetic, so the result is bitwise equal to plain DDP's
+        # with the same layout) and note this rank's own NaN/Inf, in one pass over the bucket.
+        job._scale_and_inspect(buf)
     except Exception as e:
         job._note_comm_error(e)
         fut = torch.futures.Future()
         fut.set_result(buf)
         return fut.then(_raise(e))
-    # Same arithmetic as DDP's built-in reduction (multiply by 1/world while copying), so the
-    # result is bitwise equal to plain DDP's with the same layout.
-    buf.mul_(1.0 / job.world_size)
     fut = dist.all_reduce(buf, async_op=True).get_future()
     vote = job._take_vote() if bucket.is_last() else None
     if vote is None:

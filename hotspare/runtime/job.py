@@ -46,7 +46,7 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
 from hotspare.runtime.persist import Persister
 from hotspare.runtime.state import StateRegistry
-from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, nonfinite_verdict, row, tally, word_views
+from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, nonfinite_verdict, row, scale_and_scan, tally, word_views
 from hotspare.transfer import broadcast_state
 
 ENV_AGENT = "HOTSPARE_AGENT"          # host:port of the node agent; its presence means "managed"
@@ -55,6 +55,7 @@ ENV_ROLE = "HOTSPARE_ROLE"            # "active" or "spare"
 ENV_JOIN_TIMEOUT = "HOTSPARE_JOIN_TIMEOUT"   # seconds to form a generation's group
 ENV_FINGERPRINT_EVERY = "HOTSPARE_FINGERPRINT_EVERY"   # steps between health votes (0: no fingerprint)
 GO_TIMEOUT_S = 10.0                     # longest wait for the agent at a fault trigger
+SCAN_CHUNK_BYTES = 1 << 20   # gradients scaled and scanned per chunk: stays in cache between the two
 DEFAULT_VOTE_EVERY = 10   # steps between health votes; see runtime/vote.py for the trade-off
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
@@ -114,7 +115,7 @@ class Job:
         self.fingerprint_every = int(os.environ.get(ENV_FINGERPRINT_EVERY, DEFAULT_VOTE_EVERY))
         self._params: list[torch.Tensor] | None = None   # integer views for the fingerprint
         self._nonfinite: torch.Tensor | None = None   # this step's local bucket sums (NaN/Inf propagates)
-        self._reduced: list[torch.Tensor] = []        # ... and the reduced buckets' sums
+        self._reduced: list[torch.Tensor] = []        # ... and the reduced buckets' sentinels
         self._vote: torch.futures.Future | None = None   # this step's vote, in flight since the step began
         self._health: VoteResult | None = None   # this step's failed vote
         self._exchange_t: float | None = None    # when this step reached the gradient exchange
@@ -379,22 +380,24 @@ class Job:
             return e
         return None
 
-    def _inspect_bucket(self, buf: torch.Tensor) -> None:
-        """Per gradient bucket, before it is reduced: note whether this rank's own gradients hold
-        NaN/Inf. Only a sum, kept on the bucket's device; it is read only if the reduced
-        gradients turn out non-finite (then it says which rank produced them)."""
+    def _scale_and_inspect(self, buf: torch.Tensor) -> None:
+        """Per gradient bucket, before it is reduced: scale it by 1/world and note whether this
+        rank's own gradients hold NaN/Inf, in one pass (``vote.scale_and_scan``, which also sets
+        the bucket's NaN sentinel). The local sum is read only if the reduced sentinels turn
+        out non-finite: then it says which rank produced the garbage."""
         t0 = time.perf_counter()
+        flat = buf.view(-1)
         if self._nan_pending:        # injected `nan`: this rank's gradients of this step break
             self._nan_pending = False
-            buf.view(-1)[0] = float("nan")
-        # A sum is NaN/Inf iff some element is (or it overflowed, itself a sign of trouble).
-        total = buf.sum(dtype=torch.float32).reshape(1)
+            flat[0] = float("nan")
+        total = scale_and_scan(flat, 1.0 / self.world_size, SCAN_CHUNK_BYTES)
         self._nonfinite = total if self._nonfinite is None else self._nonfinite + total
         self._check_s += time.perf_counter() - t0
 
     def _note_reduced(self, reduced: torch.Tensor) -> None:
-        """Per reduced bucket (in the reduction's callback): its sum, the same bits on every rank."""
-        self._reduced.append(reduced.sum(dtype=torch.float32).reshape(1))
+        """Per reduced bucket (in the reduction's callback): its sentinel, the same bits on
+        every rank (see ``_scale_and_inspect``)."""
+        self._reduced.append(reduced.view(-1)[:1].clone())
 
     def _judge(self, table: torch.Tensor) -> None:
         """The summed vote table (same on every rank) -> this step's verdict; raises HealthFault."""
@@ -412,9 +415,10 @@ class Job:
             self._pause_at = step
 
     def _before_optimizer_step(self, *_: Any) -> None:
-        """NaN/Inf in the reduced gradients: every rank sees the same reduced bits, so every rank
-        stops here alike, with no exchange on healthy steps. Only then do the ranks compare
-        their own gradients, to name the rank that produced the garbage."""
+        """NaN/Inf in the reduced gradients (a NaN sentinel, see ``_scale_and_inspect``): every
+        rank sees the same reduced bits, so every rank stops here alike, with no exchange on
+        healthy steps. Only then do the ranks compare their own gradients, to name the rank
+        that produced the garbage."""
         if not self.managed or self._current is None or not self._reduced:
             return
         t0 = time.perf_counter()
