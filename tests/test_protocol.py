@@ -45,3 +45,43 @@ def test_workers_report_step_starts_only_while_a_fault_waits_to_fire():
     inj.add(parse("thermal:rank=0:temp=95", world_size=4, running=True))
     assert inj.pending()                                              # armed at run time: watching again
     assert decode(encode(make("watch", steps=False)))["steps"] is False
+
+
+def test_held_back_messages_go_out_in_order_in_one_write():
+    import socket
+    import time
+
+    from hotspare.protocol.channel import Channel
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        a = socket.create_connection(server.getsockname())
+        b, _ = server.accept()
+    tx, rx = Channel(a), Channel(b)
+    b.setblocking(False)
+
+    def pending() -> bytes:
+        try:
+            return b.recv(1 << 16, socket.MSG_PEEK)
+        except BlockingIOError:
+            return b""
+
+    for step in range(3):
+        tx.send_later(make("step", gen=1, rank=1, step=step), max_held=4, max_age_s=60)
+    assert pending() == b"", "held messages must wait"
+    tx.send(make("joining", gen=1, rank=1))              # any send takes the held ones first
+    b.setblocking(True)
+    got = [rx.recv() for _ in range(4)]
+    assert [m["type"] for m in got] == ["step", "step", "step", "joining"]
+    assert [m["step"] for m in got[:3]] == [0, 1, 2]
+    b.setblocking(False)
+    for step in range(4):                                 # the 4th fills the batch: out it goes
+        tx.send_later(make("step", gen=1, rank=1, step=step), max_held=4, max_age_s=60)
+    time.sleep(0.05)
+    assert pending().count(b"\n") == 4
+    b.setblocking(True)
+    assert [rx.recv()["step"] for _ in range(4)] == [0, 1, 2, 3]
+    tx.send_later(make("step", gen=1, rank=1, step=7), max_held=100, max_age_s=0.05)
+    time.sleep(0.1)
+    tx.send_later(make("step", gen=1, rank=1, step=8), max_held=100, max_age_s=0.05)   # the oldest is too old
+    assert [rx.recv()["step"] for _ in range(2)] == [7, 8]
+    tx.close()
+    rx.close()

@@ -431,14 +431,18 @@ class Coordinator:
             pass
         else:
             kind = describe_exit(code).split(" by ")[-1] if code < 0 else f"exit {code}"
-        rec = FailureRecord(kind=kind, rank=rank, worker=worker, step=wp.last_step, detected_at=t,
+        # The step it was in: its own reports say (None: it never ran one), or, as ranks > 0
+        # report commits in batches, the step after the job's newest commit (rank 0 reports each
+        # at once), if that is later.
+        step = None if wp.last_step is None else max(wp.last_step, self.ledger.max_committed() + 1)
+        rec = FailureRecord(kind=kind, rank=rank, worker=worker, step=step, detected_at=t,
                             fault_at=injected[1] if injected else None,
                             error=crash.error if crash else None,
                             spare_was_warm=bool(self.view.ready_spares))
         self.ledger.failures.append(rec)
         self.ledger.open.append(rec)
         latency = f"; detected in {(t - rec.fault_at) * 1000:.0f} ms" if rec.fault_at else ""
-        self.log(f"FAILED  rank {rank} ({self._where(worker)}, pid {wp.pid}) {desc} at step {wp.last_step}{latency}")
+        self.log(f"FAILED  rank {rank} ({self._where(worker)}, pid {wp.pid}) {desc} at step {step}{latency}")
 
     # ------------------------------------------------------------------ actions
     def _execute(self, action: policy.Action, reason: str = "", t: float | None = None) -> None:

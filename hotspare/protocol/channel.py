@@ -1,8 +1,10 @@
-"""A JSON-lines connection over a TCP socket: thread-safe sends, blocking line reads."""
+"""A JSON-lines connection over a TCP socket: thread-safe sends (some held back to go out
+together), blocking line reads."""
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Callable
 
 from hotspare.errors import ProtocolError
@@ -15,6 +17,8 @@ class Channel:
         self.sock = sock
         self._reader = sock.makefile("rb")
         self._send_lock = threading.Lock()
+        self._held: list[bytes] = []      # encoded messages waiting for the next send
+        self._held_since = 0.0
         self.closed = False
 
     @classmethod
@@ -24,9 +28,26 @@ class Channel:
         return cls(sock)
 
     def send(self, msg: Message) -> None:
+        """Send ``msg`` now, after any message held back by ``send_later`` (order is kept)."""
         data = encode(msg)
         with self._send_lock:
+            if self._held:
+                data, self._held = b"".join(self._held) + data, []
             self.sock.sendall(data)
+
+    def send_later(self, msg: Message, max_held: int, max_age_s: float) -> None:
+        """Hold ``msg`` back and send it with the next ``send``, or with the held ones once
+        ``max_held`` are waiting or the oldest has waited ``max_age_s``: one system call, and
+        one wake-up of the reader, for several messages."""
+        data = encode(msg)
+        now = time.monotonic()
+        with self._send_lock:
+            if not self._held:
+                self._held_since = now
+            self._held.append(data)
+            if len(self._held) >= max_held or now - self._held_since >= max_age_s:
+                data, self._held = b"".join(self._held), []
+                self.sock.sendall(data)
 
     def recv(self) -> Message | None:
         """The next message, or None when the peer closed the connection."""

@@ -55,6 +55,7 @@ ENV_ROLE = "HOTSPARE_ROLE"            # "active" or "spare"
 ENV_JOIN_TIMEOUT = "HOTSPARE_JOIN_TIMEOUT"   # seconds to form a generation's group
 ENV_FINGERPRINT_EVERY = "HOTSPARE_FINGERPRINT_EVERY"   # steps between health votes (0: no fingerprint)
 GO_TIMEOUT_S = 10.0                     # longest wait for the agent at a fault trigger
+COMMITS_HELD, COMMITS_HELD_S = 8, 5.0   # a rank > 0 batches its commit reports (see _report_commit)
 SCAN_CHUNK_BYTES = 1 << 20   # gradients scaled and scanned per chunk: stays in cache between the two
 DEFAULT_VOTE_EVERY = 10   # steps between health votes; see runtime/vote.py for the trade-off
 
@@ -115,6 +116,7 @@ class Job:
         self.fingerprint_every = int(os.environ.get(ENV_FINGERPRINT_EVERY, DEFAULT_VOTE_EVERY))
         self._params: list[torch.Tensor] | None = None   # integer views for the fingerprint
         self._nonfinite: torch.Tensor | None = None   # this step's local bucket sums (NaN/Inf propagates)
+        self._reported_gen = -1        # the generation whose first commit was reported
         self._reduced: list[torch.Tensor] = []        # ... and the reduced buckets' sentinels
         self._vote: torch.futures.Future | None = None   # this step's vote, in flight since the step began
         self._health: VoteResult | None = None   # this step's failed vote
@@ -261,9 +263,9 @@ class Job:
             self.step_times.append(dt)
             if self.managed:
                 exch = self._exchange_t if self._exchange_t is not None else now
-                self._channel.send(make("commit", gen=self.generation, rank=self.rank, step=step,
-                                        total=self._total, dt=dt, metrics=self._metrics, compute=exch - self._step_t0,
-                                        comm=now - exch, check=self._check_s, fp=self._fp_s))
+                self._report_commit(make("commit", gen=self.generation, rank=self.rank, step=step,
+                                         total=self._total, dt=dt, metrics=self._metrics, compute=exch - self._step_t0,
+                                         comm=now - exch, check=self._check_s, fp=self._fp_s))
                 if self.rank == 0:
                     self._report_checkpoint(self._persist.after_commit(step))
             elif self.rank == 0 and self._metrics:
@@ -303,6 +305,18 @@ class Job:
         if not self._go.wait(GO_TIMEOUT_S):
             print(f"hotspare: rank {self.rank}: no answer from the agent to {type_!r} within "
                   f"{GO_TIMEOUT_S:.0f} s; going on", file=sys.stderr, flush=True)
+
+    def _report_commit(self, msg: dict[str, Any]) -> None:
+        """Rank 0 reports every commit at once: the coordinator's count of committed steps, hence
+        of steps lost to a total loss, stays exact. So does each rank's first commit of a
+        generation (it ends a recovery's downtime). The other ranks' commits go out in batches
+        (COMMITS_HELD or COMMITS_HELD_S), or with their next message: they carry per-rank step
+        timings for the health service, and are all delivered, in order, unless the rank dies."""
+        if self.rank == 0 or self._reported_gen != self.generation:
+            self._reported_gen = self.generation
+            self._channel.send(msg)
+        else:
+            self._channel.send_later(msg, COMMITS_HELD, COMMITS_HELD_S)
 
     def _report_crash(self, step: int, ev: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(ev), ev, ev.__traceback__))
