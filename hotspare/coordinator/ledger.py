@@ -173,11 +173,13 @@ class Ledger:
             "devices": self.devices,
             "nodes": self.nodes,
             "wall_time_s": round(time.time() - self.started, 3),
+            # CPU of the launcher process (coordinator, its node agents, the health service)
+            "launcher_cpu_s": round(time.process_time(), 3),
             "median_step_time_s": round(statistics.median(self.step_times), 6) if self.step_times else None,
             # the mean counts what happens every N steps only (a periodic vote, a checkpoint)
             "mean_step_time_s": (round(statistics.fmean(self.step_times[5:] or self.step_times), 6)
                                  if self.step_times else None),
-            # the health checks measured inside the step on rank 0 (NaN sums, the fingerprint and
+            # the health checks measured inside the step on rank 0 (scaling and NaN scan, the fingerprint and
             # the vote's launch), averaged over every step: the vote runs every N steps
             "health_check_s_per_step": round(statistics.fmean(self.check_times), 6) if self.check_times else None,
             "fingerprint_s_per_step": (round(statistics.fmean(self.fingerprint_times), 6)
