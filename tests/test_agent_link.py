@@ -23,13 +23,15 @@ WORKER = [sys.executable, str(Path(__file__).parent / "scripts" / "echo_worker.p
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"}
 
 
-def next_event(events, kinds, timeout=20.0):
-    """The next event of one of ``kinds``; the node's model is kept current on the way."""
+def next_event(events, kinds, timeout=20.0, skipped=None):
+    """The next event of one of ``kinds``; the others are dropped (or appended to ``skipped``)."""
     deadline = time.time() + timeout
     while True:
         kind, who, payload, t = events.get(timeout=max(0.01, deadline - time.time()))
         if kind in kinds:
             return kind, who, payload, t
+        if skipped is not None:
+            skipped.append((kind, who, payload))
 
 
 @pytest.fixture
@@ -165,17 +167,24 @@ def test_faults_go_to_every_node_and_fire_once(link):
     w0, w1 = nodes.spawn("active", rank=0), nodes.spawn("active", rank=1)
     assert (nodes.workers[w0].node, nodes.workers[w1].node) == ("a", "b")
     # Both workers are watched and say step 5 begins; only rank 1 (on b) matches.
-    kind, who, msg, t = next_event(events, {"injected"})
+    skipped = []
+    kind, who, msg, t = next_event(events, {"injected"}, skipped=skipped)
     assert (who, msg["fault"], msg["id"]) == (w1, "kill:rank=1:step=5", ident)
     assert a.injector.pending() and not b.injector.pending()
     nodes.fired(ident, who)                                    # a drops its copy
-    kind, who, payload, _ = next_event(events, {"exit"})
+    kind, who, payload, _ = next_event(events, {"exit"}, skipped=skipped)
     assert (who, payload["code"]) == (w1, -signal.SIGKILL)     # a real SIGKILL
     deadline = time.time() + 10
     while a.injector.pending() and time.time() < deadline:
         time.sleep(0.02)
     assert not a.injector.pending() and ident not in nodes.armed
     assert w0 in a.alive()
+    # The trigger waited for the agent: rank 0 went on to step 6 once told to; rank 1 died at 5.
+    seen = [(who, msg.get("step")) for kind, who, msg in skipped if kind == "msg"]
+    while (w0, 6) not in seen:
+        _, who, msg, _ = next_event(events, {"msg"})
+        seen.append((who, msg.get("step")))
+    assert (w1, 5) in seen and (w1, 6) not in seen
 
 
 def test_coordinator_counts_a_lost_nodes_ranks_as_failed_and_replaces_them(link):
