@@ -138,7 +138,10 @@ def scale_and_scan(flat: torch.Tensor, scale: float, chunk_bytes: int = 1 << 20)
     """Multiply the 1-D ``flat`` by ``scale`` in place and return its sum (shape [1]); if that
     sum is NaN/Inf, also make ``flat[0]`` NaN (the sentinel). Chunk by chunk, so each chunk is
     summed while it is still in cache from the multiply; elementwise the same bits as one
-    ``flat.mul_(scale)``. Never waits for the device."""
+    ``flat.mul_(scale)``. Never waits for the device. On an accelerator the bucket is one chunk:
+    there a kernel launch per chunk would cost more than the second read it saves."""
+    if flat.device.type != "cpu":
+        chunk_bytes = max(1, flat.numel()) * flat.element_size()
     chunk = max(1, chunk_bytes // flat.element_size())
     sums = []
     for start in range(0, flat.numel(), chunk):
