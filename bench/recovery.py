@@ -110,7 +110,8 @@ def overhead(model: str, steps: int, rounds: int) -> dict:
     noisy than wall time on a shared machine, and it counts everything hotspare adds.
     Also measured directly, from hotspare's report, as a share of torchrun's CPU per step: the
     launcher's own CPU per step (coordinator, agent, health service; the same two-run
-    difference) and the in-step checks of the 4 ranks (scaling + NaN scan, the vote's launch)."""
+    difference) and the CPU time of the in-step checks (scaling + NaN scan, the vote's launch),
+    rank 0's times 4."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     short = max(10, steps // 5)
     out: dict[str, list[float]] = {k: [] for k in ("torchrun_median_step_s", "hotspare_median_step_s",
@@ -134,7 +135,7 @@ def overhead(model: str, steps: int, rounds: int) -> dict:
                 if name == "hotspare":
                     launcher_cpu = [runs[n][2]["launcher_cpu_s"] for n in (short, steps)]
                     out["launcher_cpu_per_step_s"].append((launcher_cpu[1] - launcher_cpu[0]) / (steps - short))
-                    out["checks_cpu_per_step_s"].append(4 * runs[steps][2]["health_check_s_per_step"])
+                    out["checks_cpu_per_step_s"].append(4 * runs[steps][2]["health_check_cpu_s_per_step"])
     pairs = zip(out["hotspare_median_step_s"], out["torchrun_median_step_s"])
     cpu_pairs = zip(out["hotspare_cpu_per_step_s"], out["torchrun_cpu_per_step_s"])
     base = statistics.median(out["torchrun_cpu_per_step_s"])

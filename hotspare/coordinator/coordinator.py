@@ -372,9 +372,10 @@ class Coordinator:
             self.ledger.total_steps = msg["total"]
         self.progress_at = max(self.progress_at, t)
         self.committed_in_gen = True
-        check, fp = (msg.get(k) if isinstance(msg.get(k), (int, float)) else None for k in ("check", "fp"))
+        check, fp, check_cpu = (msg.get(k) if isinstance(msg.get(k), (int, float)) else None
+                                for k in ("check", "fp", "check_cpu"))
         recovered = self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t,
-                                       check, fp)
+                                       check, fp, check_cpu)
         if recovered:
             for m in self.ledger.migrations:
                 if m.generation == msg["gen"] and m.first_commit_at == t:

@@ -104,6 +104,7 @@ class Ledger:
     repeated: set[int] = field(default_factory=set)                # steps committed twice by a rank
     step_times: list[float] = field(default_factory=list)
     check_times: list[float] = field(default_factory=list)         # rank 0's health checks per step
+    check_cpu_times: list[float] = field(default_factory=list)     # ... their CPU time
     fingerprint_times: list[float] = field(default_factory=list)   # ... of which the fingerprint
     failures: list[FailureRecord] = field(default_factory=list)
     open: list[FailureRecord] = field(default_factory=list)        # awaiting their first commit
@@ -118,7 +119,7 @@ class Ledger:
     message: str = ""
 
     def commit(self, rank: int, step: int, dt: float, gen: int, world: int, now: float,
-               check: float | None = None, fp: float | None = None) -> bool:
+               check: float | None = None, fp: float | None = None, check_cpu: float | None = None) -> bool:
         """Record a commit; True when it completes the first step of a recovered generation."""
         if (rank, step) in self.seen:
             self.repeated.add(step)
@@ -128,6 +129,8 @@ class Ledger:
             self.step_times.append(dt)
             if check is not None:
                 self.check_times.append(check)
+            if check_cpu is not None:
+                self.check_cpu_times.append(check_cpu)
             if fp is not None:
                 self.fingerprint_times.append(fp)
         closing = [f for f in self.open if f.generation == gen and f.target_step is not None
@@ -182,6 +185,8 @@ class Ledger:
             # the health checks measured inside the step on rank 0 (scaling and NaN scan, the fingerprint and
             # the vote's launch), averaged over every step: the vote runs every N steps
             "health_check_s_per_step": round(statistics.fmean(self.check_times), 6) if self.check_times else None,
+            "health_check_cpu_s_per_step": (round(statistics.fmean(self.check_cpu_times), 6)
+                                            if self.check_cpu_times else None),
             "fingerprint_s_per_step": (round(statistics.fmean(self.fingerprint_times), 6)
                                        if self.fingerprint_times else None),
         }

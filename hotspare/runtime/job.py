@@ -126,7 +126,7 @@ class Job:
         self._faults: "queue.Queue[dict[str, Any]]" = queue.Queue()   # injected worker faults
         self._slow = 1.0
         self._nan_pending = False
-        self._check_s = self._fp_s = 0.0
+        self._check_s = self._check_cpu = self._fp_s = 0.0
         self._voting: tuple[int, bool] = (-1, False)   # (step, with fingerprint) of the vote in flight
 
     # ------------------------------------------------------------------ set-up
@@ -237,7 +237,8 @@ class Job:
         self._comm_error = None
         self._nonfinite, self._health, self._exchange_t = None, None, None
         self._reduced = []
-        self._check_s = 0.0      # this step's health checks on this rank (NaN sums, fingerprint)
+        self._check_s = 0.0      # this step's health checks on this rank (NaN scan, fingerprint)
+        self._check_cpu = 0.0    # ... their CPU time (the wall time above includes waiting for a core)
         self._fp_s = 0.0         # ... of which the parameter fingerprint
         while not self._faults.empty():
             self._apply_fault(self._faults.get())
@@ -265,7 +266,8 @@ class Job:
                 exch = self._exchange_t if self._exchange_t is not None else now
                 self._report_commit(make("commit", gen=self.generation, rank=self.rank, step=step,
                                          total=self._total, dt=dt, metrics=self._metrics, compute=exch - self._step_t0,
-                                         comm=now - exch, check=self._check_s, fp=self._fp_s))
+                                         comm=now - exch, check=self._check_s, check_cpu=self._check_cpu,
+                                         fp=self._fp_s))
                 if self.rank == 0:
                     self._report_checkpoint(self._persist.after_commit(step))
             elif self.rank == 0 and self._metrics:
@@ -361,7 +363,7 @@ class Job:
         if step % (self.fingerprint_every or DEFAULT_VOTE_EVERY) or self.world_size < 2 or not self._ddps \
                 or self._generation_broken():
             return
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         with_fp = self.fingerprint_every > 0
         if self._params is None:     # rebuilt after every join: a sync may have replaced tensors
             self._params = word_views(p for ddp in self._ddps for p in ddp.module.parameters())
@@ -378,6 +380,7 @@ class Job:
             self._vote = torch.futures.Future()
             self._vote.set_exception(PeerFailure(f"health vote could not start: {e}"[:300]))
         self._check_s += time.perf_counter() - t0
+        self._check_cpu += time.thread_time() - c0
 
     def _take_vote(self) -> torch.futures.Future | None:
         vote, self._vote = self._vote, None
@@ -399,7 +402,7 @@ class Job:
         rank's own gradients hold NaN/Inf, in one pass (``vote.scale_and_scan``, which also sets
         the bucket's NaN sentinel). The local sum is read only if the reduced sentinels turn
         out non-finite: then it says which rank produced the garbage."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         flat = buf.view(-1)
         if self._nan_pending:        # injected `nan`: this rank's gradients of this step break
             self._nan_pending = False
@@ -407,6 +410,7 @@ class Job:
         total = scale_and_scan(flat, 1.0 / self.world_size, SCAN_CHUNK_BYTES)
         self._nonfinite = total if self._nonfinite is None else self._nonfinite + total
         self._check_s += time.perf_counter() - t0
+        self._check_cpu += time.thread_time() - c0
 
     def _note_reduced(self, reduced: torch.Tensor) -> None:
         """Per reduced bucket (in the reduction's callback): its sentinel, the same bits on
@@ -435,10 +439,11 @@ class Job:
         that produced the garbage."""
         if not self.managed or self._current is None or not self._reduced:
             return
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         reduced, self._reduced = self._reduced, []
         finite = bool(torch.isfinite(torch.cat(reduced)).all())
         self._check_s += time.perf_counter() - t0
+        self._check_cpu += time.thread_time() - c0
         if finite:
             return
         mine = self._nonfinite is not None and not bool(torch.isfinite(self._nonfinite).all())
