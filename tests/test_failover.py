@@ -22,13 +22,19 @@ def reference():
     return result.digest
 
 
+def explain(result) -> str:
+    """Every failure record and the job's log without its step lines: what an unexpected
+    failure count needs to be understood."""
+    return "\n".join([json.dumps(f) for f in result.report["failures"]] +
+                     [line for line in result.output.splitlines() if " step " not in line])
+
+
 def assert_recovered(result, reference, failures):
     assert result.code == 0, result.output
     r = result.report
     assert r["final_state_digest"] == reference, "faulted run diverged from the fault-free run"
     assert r["replicas_consistent"] and r["steps_completed"] == 40 and r["steps_repeated"] == 0
-    assert r["failures_total"] == failures and r["recovered_zero_loss"] == failures, "\n".join(
-        [json.dumps(f) for f in r["failures"]] + [line for line in result.output.splitlines() if " step " not in line])
+    assert r["failures_total"] == failures and r["recovered_zero_loss"] == failures, explain(result)
     for f in r["failures"]:
         assert f["recovery_path"] == "memory" and f["lost_steps"] == 0, f
         assert f["downtime_s"] is not None and f["detection_latency_s"] is not None
@@ -60,8 +66,7 @@ def test_second_failure_finds_the_reprovisioned_warm_spare():
     r = run_job(args, spares=1, inject=["kill:rank=1:step=20", "kill:rank=1:step=380"])
     assert r.code == 0, r.output
     assert r.digest == ref.digest and r.report["steps_repeated"] == 0
-    assert len(r.report["failures"]) == 2, "\n".join(
-        [json.dumps(f) for f in r.report["failures"]] + [line for line in r.output.splitlines() if " step " not in line])
+    assert len(r.report["failures"]) == 2, explain(r)
     first, second = r.report["failures"]
     assert first["replacement"] == "w4" and second["replacement"] == "w5"   # w5: the re-provisioned spare
     assert second["spare_was_warm"] and first["spare_was_warm"]

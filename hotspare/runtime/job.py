@@ -379,6 +379,11 @@ class Job:
             self._note_comm_error(e)
             self._vote = torch.futures.Future()
             self._vote.set_exception(PeerFailure(f"health vote could not start: {e}"[:300]))
+        self._charge_check(t0, c0)
+
+    def _charge_check(self, t0: float, c0: float) -> None:
+        """Add a health check's wall time (since perf_counter ``t0``) and CPU time (since
+        thread_time ``c0``) to this step's totals."""
         self._check_s += time.perf_counter() - t0
         self._check_cpu += time.thread_time() - c0
 
@@ -409,8 +414,7 @@ class Job:
             flat[0] = float("nan")
         total = scale_and_scan(flat, 1.0 / self.world_size, SCAN_CHUNK_BYTES)
         self._nonfinite = total if self._nonfinite is None else self._nonfinite + total
-        self._check_s += time.perf_counter() - t0
-        self._check_cpu += time.thread_time() - c0
+        self._charge_check(t0, c0)
 
     def _note_reduced(self, reduced: torch.Tensor) -> None:
         """Per reduced bucket (in the reduction's callback): its sentinel, the same bits on
@@ -442,8 +446,7 @@ class Job:
         t0, c0 = time.perf_counter(), time.thread_time()
         reduced, self._reduced = self._reduced, []
         finite = bool(torch.isfinite(torch.cat(reduced)).all())
-        self._check_s += time.perf_counter() - t0
-        self._check_cpu += time.thread_time() - c0
+        self._charge_check(t0, c0)
         if finite:
             return
         mine = self._nonfinite is not None and not bool(torch.isfinite(self._nonfinite).all())
