@@ -7,7 +7,7 @@ from hotspare.agent.inject import parse
 from hotspare.errors import ConfigError
 from hotspare.policy.decide import (Cordon, Fence, FormGeneration, HealthVerdict, Pause, Paused, Stop,
                                     StepFailed, WorkerExited, WorkerReady, apply, decide, observe)
-from hotspare.runtime.vote import fingerprint, nonfinite_verdict, row, scale_and_scan, tally
+from hotspare.runtime.vote import fingerprint, nonfinite_verdict, row, scale_and_check, tally
 from test_policy import feed, running_view
 
 
@@ -47,27 +47,38 @@ def test_nan_on_some_ranks_is_a_fault_on_every_rank_it_is_the_model():
     assert not nonfinite_verdict(torch.ones(4), step=7).failed
 
 
-def test_one_pass_scales_like_mul_and_flags_nonfinite_gradients_through_a_sentinel():
+def _check(flat, scale, found=None):
+    found = torch.zeros(1) if found is None else found
+    scale_and_check(flat, scale, found)
+    return found
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_one_pass_scales_like_ddps_multiply_and_flags_nonfinite_gradients_through_a_sentinel(dtype):
     torch.manual_seed(0)
-    g = torch.randn(300_001)
-    for chunk_bytes in (1 << 20, 4096, 1 << 30):          # many chunks, a ragged tail, one chunk
+    g = torch.randn(300_001).to(dtype)
+    for scale in (1 / 3, 0.25, 1.0):
         flat = g.clone()
-        total = scale_and_scan(flat, 1 / 3, chunk_bytes)
-        assert torch.equal(flat, g.clone().mul_(1 / 3)), "not the bits of DDP's multiply"
-        assert torch.isfinite(total).all() and abs(float(total) - float(g.sum()) / 3) < 1e-2
+        found = _check(flat, scale)
+        assert torch.equal(flat, g.clone().mul_(scale)), "not the bits of DDP's multiply"
+        assert float(found) == 0 and torch.isfinite(flat[0])
     for bad in (float("nan"), float("inf"), -float("inf")):
         flat = g.clone()
         flat[123_456] = bad
-        total = scale_and_scan(flat, 0.25, 4096)
-        assert not torch.isfinite(total).all() and torch.isnan(flat[0])   # the sentinel is set
-        assert torch.equal(flat[1:123_456], g[1:123_456] * 0.25)            # nothing else touched
+        found = _check(flat, 0.25)
+        assert float(found) > 0 and torch.isnan(flat[0])                      # the sentinel is set
+        assert torch.equal(flat[1:123_456], g[1:123_456] * 0.25)              # nothing else touched
+    # A later bucket of the same step carries the sentinel too (the flag accumulates).
+    later = g.clone()
+    found = _check(later, 0.25, torch.ones(1))
+    assert torch.isnan(later[0]) and torch.equal(later[1:], g[1:] * 0.25)
     # Summed with finite buckets (the reduction), the sentinel makes every rank's first element NaN.
     ranks = [g.clone(), g.clone(), g.clone()]
     ranks[1][7] = float("nan")
-    for r in ranks:
-        scale_and_scan(r, 1 / 3)
+    flags = [_check(r, 1 / 3) for r in ranks]
+    assert [float(f) > 0 for f in flags] == [False, True, False]
     assert torch.isnan(sum(ranks)[0]) and not torch.isfinite(sum(ranks)[1:8]).all()
-    assert scale_and_scan(torch.zeros(0), 0.5).shape == (1,)
+    assert float(_check(torch.zeros(0, dtype=dtype), 0.5)) == 0
 
 
 def test_fingerprints_of_any_64_bit_value_cross_the_float32_table_exactly():

@@ -1,4 +1,5 @@
-"""Process groups per generation: build, abort, rebuild."""
-from hotspare.pg.generation import GenerationGroup, local_process_group
+"""Process groups per generation: build, abort, rebuild; and DDP's own group of one."""
+from hotspare.pg.generation import GenerationGroup
+from hotspare.pg.solo import SoloGroup
 
-__all__ = ["GenerationGroup", "local_process_group"]
+__all__ = ["GenerationGroup", "SoloGroup"]

@@ -25,7 +25,6 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, ProcessGroupGloo
 
 from hotspare.errors import PeerFailure
 
@@ -187,19 +186,3 @@ class GenerationGroup:
         self.abort()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def local_process_group() -> ProcessGroup:
-    """A one-rank gloo group for DDP's own bookkeeping.
-
-    hotspare's DDP does its gradient reduction in a comm hook on the *current* generation's group;
-    DDP itself gets a group of one so that building it on a spare needs no peers (no parameter
-    broadcast, no shape check across ranks) and no collective of DDP's survives a generation."""
-    store = dist.HashStore()
-    opts = ProcessGroupGloo._Options()
-    opts._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    backend = ProcessGroupGloo(store, 0, 1, opts)
-    pg = ProcessGroup(store, 0, 1)
-    pg._set_default_backend(ProcessGroup.BackendType.GLOO)
-    pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
-    return pg

@@ -6,9 +6,9 @@ Two facts shape this module:
   ready), so a freshly wrapped DDP on a spare would reduce in a different layout than the
   survivors. We rebuild the buckets once, right away, in parameter order: the layout is then a
   pure function of the model, the same on a spare, a survivor and under plain torchrun.
-* DDP must not own the communicator: under hotspare it gets a one-rank group (building it on a
-  spare needs no peers) and the real reduction runs in a comm hook on the current generation's
-  default group, which is torn down and rebuilt on every failover.
+* DDP must not own the communicator: under hotspare it gets a one-rank group with no threads
+  (``pg.SoloGroup``; building it on a spare needs no peers) and the real reduction runs in a
+  comm hook on the current generation's default group, torn down and rebuilt on every failover.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hotspare.errors import PeerFailure
-from hotspare.pg import local_process_group
+from hotspare.pg import SoloGroup
 
 if TYPE_CHECKING:
     from hotspare.runtime.job import Job
@@ -116,7 +116,10 @@ def wrap_ddp(module: torch.nn.Module, job: "Job", **kwargs: Any) -> DDP:
         stabilize_buckets(ddp)
         return ddp
     sync_buffers = kwargs.pop("forward_sync_buffers", kwargs.pop("broadcast_buffers", None))
-    ddp = DDP(module, process_group=local_process_group(), forward_sync_buffers=False, **kwargs)
+    # DDP's own group is a world of one with no threads (pg/solo.py); the initial sync across
+    # ranks is hotspare's (the first generation's state sync), so DDP's init_sync has no peers.
+    kwargs.pop("init_sync", None)
+    ddp = DDP(module, process_group=SoloGroup(), init_sync=False, forward_sync_buffers=False, **kwargs)
     stabilize_buckets(ddp)
     ddp.register_comm_hook(job, _allreduce_hook)
     if sync_buffers is not False and any(True for _ in module.buffers()):

@@ -46,7 +46,7 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
 from hotspare.runtime.persist import Persister
 from hotspare.runtime.state import StateRegistry
-from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, nonfinite_verdict, row, scale_and_scan, tally, word_views
+from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, nonfinite_verdict, row, scale_and_check, tally, word_views
 from hotspare.transfer import broadcast_state
 
 ENV_AGENT = "HOTSPARE_AGENT"          # host:port of the node agent; its presence means "managed"
@@ -56,7 +56,6 @@ ENV_JOIN_TIMEOUT = "HOTSPARE_JOIN_TIMEOUT"   # seconds to form a generation's gr
 ENV_FINGERPRINT_EVERY = "HOTSPARE_FINGERPRINT_EVERY"   # steps between health votes (0: no fingerprint)
 GO_TIMEOUT_S = 10.0                     # longest wait for the agent at a fault trigger
 COMMITS_HELD, COMMITS_HELD_S = 8, 5.0   # a rank > 0 batches its commit reports (see _report_commit)
-SCAN_CHUNK_BYTES = 1 << 20   # gradients scaled and scanned per chunk: stays in cache between the two
 DEFAULT_VOTE_EVERY = 10   # steps between health votes; see runtime/vote.py for the trade-off
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
@@ -115,7 +114,7 @@ class Job:
         # In-process health signals (see runtime/vote.py).
         self.fingerprint_every = int(os.environ.get(ENV_FINGERPRINT_EVERY, DEFAULT_VOTE_EVERY))
         self._params: list[torch.Tensor] | None = None   # integer views for the fingerprint
-        self._nonfinite: torch.Tensor | None = None   # this step's local bucket sums (NaN/Inf propagates)
+        self._nonfinite: torch.Tensor | None = None   # > 0 once this step's own gradients held NaN/Inf
         self._reported_gen = -1        # the generation whose first commit was reported
         self._reduced: list[torch.Tensor] = []        # ... and the reduced buckets' sentinels
         self._vote: torch.futures.Future | None = None   # this step's vote, in flight since the step began
@@ -404,16 +403,17 @@ class Job:
 
     def _scale_and_inspect(self, buf: torch.Tensor) -> None:
         """Per gradient bucket, before it is reduced: scale it by 1/world and note whether this
-        rank's own gradients hold NaN/Inf, in one pass (``vote.scale_and_scan``, which also sets
-        the bucket's NaN sentinel). The local sum is read only if the reduced sentinels turn
+        rank's own gradients hold NaN/Inf, in one pass (``vote.scale_and_check``, which also sets
+        the bucket's NaN sentinel). The local flag is read only if the reduced sentinels turn
         out non-finite: then it says which rank produced the garbage."""
         t0, c0 = time.perf_counter(), time.thread_time()
         flat = buf.view(-1)
         if self._nan_pending:        # injected `nan`: this rank's gradients of this step break
             self._nan_pending = False
             flat[0] = float("nan")
-        total = scale_and_scan(flat, 1.0 / self.world_size, SCAN_CHUNK_BYTES)
-        self._nonfinite = total if self._nonfinite is None else self._nonfinite + total
+        if self._nonfinite is None:
+            self._nonfinite = torch.zeros(1, dtype=torch.float32, device=flat.device)
+        scale_and_check(flat, 1.0 / self.world_size, self._nonfinite)
         self._charge_check(t0, c0)
 
     def _note_reduced(self, reduced: torch.Tensor) -> None:
@@ -449,7 +449,7 @@ class Job:
         self._charge_check(t0, c0)
         if finite:
             return
-        mine = self._nonfinite is not None and not bool(torch.isfinite(self._nonfinite).all())
+        mine = self._nonfinite is not None and bool(self._nonfinite.item() > 0)
         flags = torch.zeros(self.world_size, dtype=torch.float32, device=reduced[0].device)
         flags[self.rank] = float(mine)
         try:
