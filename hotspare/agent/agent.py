@@ -26,7 +26,6 @@ from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol.channel import Channel, serve
 from hotspare.protocol.messages import make, validate
 
-PROC_POLL_S = 0.25        # how often the agent looks for SIGSTOPped workers
 DRAIN_S = 0.5             # at most this long, a worker's last messages go up before its exit
 
 
@@ -40,6 +39,7 @@ class WorkerProc:
     exit_code: int | None = None
     stopped: bool = False
     drained: threading.Event = field(default_factory=threading.Event)   # its channel reached EOF
+    reaped: threading.Event = field(default_factory=threading.Event)    # the process is gone
 
 
 def _die_with_parent() -> None:
@@ -57,15 +57,6 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
-
-
-def proc_state(pid: int) -> str | None:
-    """The kernel's one-letter state of a process (R, S, D, T, Z...), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 class NodeAgent:
@@ -97,7 +88,6 @@ class NodeAgent:
         self._up("agent_hello", node=self.node, pid=os.getpid(), devices=self.devices,
                  device_faults=device_fault is not None)
         threading.Thread(target=self._commands, name="agent-commands", daemon=True).start()
-        threading.Thread(target=self._watch_procs, name="agent-procs", daemon=True).start()
 
     @property
     def address(self) -> str:
@@ -189,7 +179,26 @@ class NodeAgent:
         threading.Thread(target=self._wait, args=(wp,), name=f"wait-{worker}", daemon=True).start()
 
     def _wait(self, wp: WorkerProc) -> None:
-        code = wp.proc.wait()
+        """Follow the worker as the kernel reports it, with no polling: a stop and a continue
+        (SIGSTOP/SIGCONT: the hang detector names a stopped rank) and its exit."""
+        while True:
+            try:
+                _, status = os.waitpid(wp.proc.pid, os.WUNTRACED | os.WCONTINUED)
+            except ChildProcessError:           # reaped by someone else: Popen knows the code
+                code = wp.proc.returncode if wp.proc.returncode is not None else -signal.SIGKILL
+                break
+            except InterruptedError:
+                continue
+            if os.WIFSTOPPED(status) or os.WIFCONTINUED(status):
+                stopped = os.WIFSTOPPED(status)
+                if stopped != wp.stopped:
+                    wp.stopped = stopped
+                    self._up("stopped", worker=wp.worker, stopped=stopped)
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            break
+        wp.proc.returncode = code       # Popen's own record: its pid is not ours to signal any more
+        wp.reaped.set()
         # What the worker said before it died (a crash report, its last commit) goes up first:
         # its channel ends at its death, unless a forked child still holds the socket.
         if wp.channel is not None:
@@ -213,26 +222,14 @@ class NodeAgent:
         with self._lock:
             return [w for w, wp in self.workers.items() if wp.exit_code is None]
 
-    def _watch_procs(self) -> None:
-        """Report workers stopped by a signal (SIGSTOP): the hang detector names them."""
-        while not self._closed.wait(PROC_POLL_S):
-            for w in self.alive():
-                wp = self.workers[w]
-                stopped = proc_state(wp.proc.pid) == "T"
-                if stopped != wp.stopped:
-                    wp.stopped = stopped
-                    self._up("stopped", worker=w, stopped=stopped)
-
     def shutdown(self, grace: float = 5.0) -> None:
         """Wait up to ``grace`` seconds for workers to exit, SIGKILL the rest, close the link."""
         deadline = time.time() + grace
         for w in self.alive():
             wp = self.workers[w]
-            try:
-                wp.proc.wait(timeout=max(0.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
+            if not wp.reaped.wait(max(0.0, deadline - time.time())):
                 self.kill(w)
-                wp.proc.wait()
+                wp.reaped.wait()
         self.close()
 
     def close(self) -> None:

@@ -108,23 +108,27 @@ class Coordinator:
                 started += 1
         return started
 
-    def run(self, poll: float = 0.25) -> int:
+    def run(self, poll: float | None = None) -> int:
         """Handle events until the job ends and its workers are gone; the exit status."""
         while not self.over():
             self.step(poll)
         return self.exit_code if self.exit_code is not None else 1
 
-    def step(self, poll: float = 0.25) -> None:
-        """Handle the next event (waiting up to ``poll`` seconds), then tick if one is due."""
+    def step(self, poll: float | None = None) -> None:
+        """Handle the next event, waiting for one until the next tick is due, then tick if it is.
+        Ticks come every ``poll`` seconds, or by default as often as hang detection needs
+        (``policy.hang.tick_period``: a tenth of the threshold, 0.25-1 s)."""
         try:
-            kind, worker, payload, t = self.events.get(timeout=poll)
+            kind, worker, payload, t = self.events.get(timeout=max(0.0, self._next_tick - time.time()))
         except queue.Empty:
             kind = None
         if kind is not None:
             self._handle(kind, worker, payload, t)
-        if time.time() >= self._next_tick:
-            self._next_tick = time.time() + poll
-            self._tick(time.time())
+        now = time.time()
+        if now >= self._next_tick:
+            limit = hang.threshold(self.ledger.step_times, self.hang_floor, self.hang_factor)
+            self._next_tick = now + (poll if poll is not None else hang.tick_period(limit))
+            self._tick(now)
 
     def over(self) -> bool:
         return self.view.phase in ("finished", "stopped") and not self.nodes.alive()

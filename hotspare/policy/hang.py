@@ -43,6 +43,13 @@ def threshold(step_times: Sequence[float], floor: float = DEFAULT_FLOOR_S,
     return max(floor, factor * typical)
 
 
+def tick_period(limit: float, fastest: float = 0.25, slowest: float = 1.0) -> float:
+    """How often the detector must look: a tenth of the threshold (the probe's resolution, see
+    the coordinator), within [fastest, slowest]. With 0.7 s steps (threshold 7 s) that is 0.7 s:
+    the launcher wakes 1.4 times a second to look, not 4."""
+    return min(slowest, max(fastest, limit / 10))
+
+
 def find_hung(activity: Sequence[RankActivity], stalled_for: float, limit: float) -> tuple[tuple[int, ...], str]:
     """Ranks to fence (possibly none) and the reason; ``((), "")`` when nothing is wrong."""
     if stalled_for < limit:
