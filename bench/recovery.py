@@ -10,8 +10,9 @@ the point (this machine is noisy; absolute times are context):
    fault kind (kill, hang -- where "detect" is the hang-detection latency, fault to fenced --
    exit, the replacement killed during the transfer, a survivor killed while the next generation
    forms, and every rank lost at once, which falls back to a checkpoint);
-2. steady-state per-step overhead of hotspare against the same script under plain torchrun
-   (median step time, runs interleaved A/B/A/B so drift hits both);
+2. steady-state per-step overhead of hotspare against the same script under plain torchrun:
+   CPU time per step of every process of each job, the two jobs running side by side so drift
+   hits both alike (bench/overhead.py);
 3. state-transfer throughput of hotspare's bucketed, checksummed broadcast against one raw gloo
    broadcast of the same number of bytes;
 4. live migration (health service): downtime from the verdict to the next committed step, for a
@@ -27,10 +28,8 @@ import datetime
 import json
 import math
 import os
-import resource
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,8 +38,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overhead import measure as side_by_side  # noqa: E402
+
 from hotspare.testing import run_job  # noqa: E402
-from hotspare.testing.local import EXAMPLE  # noqa: E402
 
 
 def free_port() -> int:
@@ -89,62 +91,6 @@ def per_kind(model: str, steps: int) -> dict[str, dict]:
 
 
 # ---------------------------------------------------------------------------- 2. overhead
-def _measured_run(cmd: list[str], stats: str, env: dict, report: str | None = None) -> tuple[float, float, dict]:
-    """(median step time, CPU seconds of every process of the job, hotspare's report or {}) for
-    one run. The CPU time is that of the launcher and everything it waited for: workers, the
-    spare, their gloo threads."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    with open(stats) as f:
-        times = json.load(f)["step_times"]
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    rep = json.load(open(report)) if report else {}
-    return statistics.median(times[5:]), cpu, rep             # skip warm-up steps
-
-
-def overhead(model: str, steps: int, rounds: int) -> dict:
-    """Wall: the median step of a run of ``steps``. CPU per step: the difference between that run
-    and one of ``steps // 5``, over the steps between (start-up and teardown cancel out): far less
-    noisy than wall time on a shared machine, and it counts everything hotspare adds.
-    Also measured directly, from hotspare's report, as a share of torchrun's CPU per step: the
-    launcher's own CPU per step (coordinator, agent, health service; the same two-run
-    difference) and the CPU time of the in-step checks (scaling + NaN scan, the vote's launch),
-    rank 0's times 4."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    short = max(10, steps // 5)
-    out: dict[str, list[float]] = {k: [] for k in ("torchrun_median_step_s", "hotspare_median_step_s",
-                                                    "torchrun_cpu_per_step_s", "hotspare_cpu_per_step_s",
-                                                    "launcher_cpu_per_step_s", "checks_cpu_per_step_s")}
-    with tempfile.TemporaryDirectory() as tmp:
-        stats, report = os.path.join(tmp, "stats.json"), os.path.join(tmp, "report.json")
-        launchers = {
-            "torchrun": lambda: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-                                 "--master-port", str(free_port())],
-            "hotspare": lambda: [sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1",
-                                 "--report", report, "--"],
-        }
-        for _ in range(rounds):
-            for name, launcher in launchers.items():
-                runs = {n: _measured_run([*launcher(), str(EXAMPLE), "--model", model, "--steps", str(n),
-                                          "--stats", stats], stats, env, report if name == "hotspare" else None)
-                        for n in (short, steps)}
-                out[f"{name}_median_step_s"].append(runs[steps][0])
-                out[f"{name}_cpu_per_step_s"].append((runs[steps][1] - runs[short][1]) / (steps - short))
-                if name == "hotspare":
-                    launcher_cpu = [runs[n][2]["launcher_cpu_s"] for n in (short, steps)]
-                    out["launcher_cpu_per_step_s"].append((launcher_cpu[1] - launcher_cpu[0]) / (steps - short))
-                    out["checks_cpu_per_step_s"].append(4 * runs[steps][2]["health_check_cpu_s_per_step"])
-    pairs = zip(out["hotspare_median_step_s"], out["torchrun_median_step_s"])
-    cpu_pairs = zip(out["hotspare_cpu_per_step_s"], out["torchrun_cpu_per_step_s"])
-    base = statistics.median(out["torchrun_cpu_per_step_s"])
-    return {**out, "ratio": statistics.median(h / t for h, t in pairs),
-            "cpu_ratio": statistics.median(h / t for h, t in cpu_pairs),
-            "launcher_share": statistics.median(out["launcher_cpu_per_step_s"]) / base,
-            "checks_share": statistics.median(out["checks_cpu_per_step_s"]) / base}
-
-
 # ---------------------------------------------------------------------------- 3. transfer
 def _transfer_worker(rank: int, port: int, model: str, reps: int, out: str) -> None:
     import torch
@@ -337,21 +283,14 @@ def _section1(model, steps, quick, results, summary) -> None:
 
 
 def _section2(model, steps, rounds, results, summary) -> None:
-    print("\n2. steady-state overhead vs plain torchrun (same script, median step time)", flush=True)
-    ov = overhead(model, steps, rounds)
-    for t, h, tc, hc in zip(ov["torchrun_median_step_s"], ov["hotspare_median_step_s"],
-                            ov["torchrun_cpu_per_step_s"], ov["hotspare_cpu_per_step_s"]):
-        print(f"   torchrun {1000 * t:7.1f} ms   hotspare {1000 * h:7.1f} ms   ratio {h / t:.4f}   "
-              f"CPU per step: torchrun {1000 * tc:7.1f} ms   hotspare {1000 * hc:7.1f} ms   ratio {hc / tc:.4f}")
-    for lc, cc in zip(ov["launcher_cpu_per_step_s"], ov["checks_cpu_per_step_s"]):
-        print(f"   measured directly: launcher CPU {1000 * lc:6.2f} ms/step   in-step checks of 4 ranks "
-              f"{1000 * cc:6.2f} ms/step")
+    print("\n2. steady-state overhead vs plain torchrun (same script, both jobs side by side, CPU per step; "
+          "bench/overhead.py)", flush=True)
+    ov = side_by_side(model, steps, rounds, say=print)
     results["overhead"] = ov
-    summary.append(f"   hotspare / torchrun step time      {ov['ratio']:.4f}   (target < 1.005)")
-    summary.append(f"   hotspare / torchrun CPU per step   {ov['cpu_ratio']:.4f}   (all processes of the job)")
-    summary.append(f"   launcher CPU / torchrun CPU        {ov['launcher_share']:.4f}   (measured directly)")
-    summary.append(f"   in-step checks / torchrun CPU      {ov['checks_share']:.4f}   (scaling + NaN scan, "
-                   "vote launch; the scaling is fused into DDP's copy under torchrun)")
+    summary.append(f"   hotspare / torchrun CPU per step   {ov['ratio_median']:.4f}   (median of {rounds} rounds; "
+                   "target < 1.005)")
+    summary.append(f"   launcher beyond torchrun's, spare  {100 * ov['launcher_extra_share']:+.3f}%, "
+                   f"{100 * ov['spare_share']:.3f}% of torchrun's CPU per step (measured directly)")
 
 
 def _section3(model, reps, results, summary) -> None:

@@ -5,8 +5,8 @@ import torch
 
 from hotspare.agent.inject import parse
 from hotspare.errors import ConfigError
-from hotspare.policy.decide import (Cordon, Fence, FormGeneration, HealthVerdict, Pause, Paused, Stop,
-                                    StepFailed, WorkerExited, WorkerReady, apply, decide, observe)
+from hotspare.policy.decide import (Cordon, FormGeneration, HealthVerdict, Pause, Paused, Stop,
+                                    StepFailed, WorkerExited, decide)
 from hotspare.runtime.vote import fingerprint, nonfinite_verdict, row, scale_and_check, tally
 from test_policy import feed, running_view
 

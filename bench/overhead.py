@@ -1,0 +1,204 @@
+"""Steady-state overhead of hotspare against plain torchrun, the two jobs running side by side.
+
+    python bench/overhead.py                          # 5M model, 4 ranks each, 3 rounds (~12 min)
+    python bench/overhead.py --model 1m --steps 300   # quicker
+    PYTHONPATH=/path/to/other/checkout python bench/overhead.py   # measure another hotspare
+
+Run one after the other, the two jobs meet different machines: on a shared 2-core VM the step
+time drifts by a few percent from minute to minute, more than the effect being measured. So here
+they run at the same time, on the same cores, with the same script and arguments: whatever the
+machine does meanwhile (other tenants, clock, cache pressure) hits both alike. Each job's cost is
+its CPU time per step over the window in which both are in steady state: the CPU of every
+process of the job (launcher, workers, the spare, all their threads: /proc's schedstat), between
+two of its own step lines, over the steps between. Start-up and shutdown fall outside the window.
+The ratio hotspare / torchrun is computed per round; the rounds alternate which job starts first.
+
+CPU time, not wall time, is the measure: both jobs share the cores, so each one's wall time
+depends on the other's; on a machine the job has to itself (CPU-bound, every core busy, as
+here), CPU per step is what sets the step time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "gpt_stdlib.py"
+# torchrun: rank 0 of the example prints "step N loss ..."; hotspare's launcher "[hotspare t] step N/T".
+STEP_LINE = re.compile(r"(?:^|\] )step\s+(\d+)")
+
+
+def _tasks_cpu_s(pid: int) -> float:
+    """On-CPU time of every thread of ``pid`` (``schedstat``: nanoseconds, not 10 ms ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
+
+
+def _role(pid: int) -> str:
+    """'worker' (a training rank), 'spare' (a warm spare) or 'launcher' (everything else: the
+    launcher and its agent, coordinator and health service threads; torchrun's elastic agent)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return "launcher"
+    if b"HOTSPARE_ROLE=spare" in env:
+        return "spare"
+    return "worker" if any(e.startswith(b"LOCAL_RANK=") for e in env) else "launcher"
+
+
+def tree_cpu_s(root: int) -> dict[str, float]:
+    """On-CPU time of ``root`` and every process below it, all their threads, in seconds, by role."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:          # exited meanwhile
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    total = {"launcher": 0.0, "worker": 0.0, "spare": 0.0}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            total[_role(pid)] += _tasks_cpu_s(pid)
+        except OSError:
+            pass
+        todo.extend(children.get(pid, []))
+    return total
+
+
+class Job:
+    """One job started in the background; records (step, CPU of its tree) at each step line."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str]):
+        self.name, self.points, self.tail = name, [], []
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=env, start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.tail = (self.tail + [line])[-40:]
+            m = STEP_LINE.search(line)
+            if m:
+                self.points.append((time.monotonic(), int(m.group(1)), tree_cpu_s(self.proc.pid)))
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self.reader.join(5)
+        return code
+
+
+def per_step(points: list[tuple[float, int, dict]], t0: float, t1: float) -> tuple[dict[str, float], int]:
+    """CPU seconds per step, by role and in all, between the first and last step line inside [t0, t1]."""
+    inside = [p for p in points if t0 <= p[0] <= t1]
+    if len(inside) < 2:
+        raise RuntimeError("fewer than two step lines inside the common window: run more steps")
+    (_, s0, c0), (_, s1, c1) = inside[0], inside[-1]
+    out = {role: (c1[role] - c0[role]) / (s1 - s0) for role in c0}
+    out["all"] = sum(out.values())
+    return out, s1 - s0
+
+
+def commands(model: str, steps: int, port: int) -> dict[str, list[str]]:
+    script = [str(EXAMPLE), "--model", model, "--steps", str(steps)]
+    return {
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                     "--master-port", str(port), *script],
+        "hotspare": [sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1",
+                     "--log-every", "1", "--", *script],
+    }
+
+
+def one_round(model: str, steps: int, warmup: int, first: str, port: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    cmds = commands(model, steps, port)
+    order = [first] + [n for n in cmds if n != first]
+    jobs = {n: Job(n, cmds[n], env) for n in order}
+    for job in jobs.values():
+        code = job.wait(3600)
+        if code != 0:
+            raise RuntimeError(f"{job.name} exited with {code}:\n{''.join(job.tail)}")
+    # The common steady-state window: both past warm-up, neither in its last steps yet.
+    start = max(next(t for t, s, _ in j.points if s >= warmup) for j in jobs.values())
+    end = min(next(t for t, s, _ in j.points if s >= steps - 3) for j in jobs.values())
+    out = {"first": first, "window_s": end - start}
+    for n, j in jobs.items():
+        out[n], out[f"{n}_steps"] = per_step(j.points, start, end)
+    out["ratio"] = out["hotspare"]["all"] / out["torchrun"]["all"]
+    out["workers_ratio"] = out["hotspare"]["worker"] / out["torchrun"]["worker"]
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 10, say=print) -> dict:
+    results = []
+    for r in range(rounds):
+        first = ("torchrun", "hotspare")[r % 2]
+        res = one_round(model, steps, warmup, first, free_port())
+        results.append(res)
+        t, h = res["torchrun"], res["hotspare"]
+        say(f"   round {r + 1}: CPU per step, torchrun {1000 * t['all']:7.1f} ms ({res['torchrun_steps']} steps), "
+            f"hotspare {1000 * h['all']:7.1f} ms ({res['hotspare_steps']} steps): ratio {res['ratio']:.4f}   "
+            f"[{first} started first, window {res['window_s']:.0f} s]")
+        say(f"      workers {1000 * t['worker']:7.1f} / {1000 * h['worker']:7.1f} ms (ratio {res['workers_ratio']:.4f})"
+            f"   launcher {1000 * t['launcher']:5.2f} / {1000 * h['launcher']:5.2f} ms   spare {1000 * h['spare']:5.2f} ms")
+    ratios = [r["ratio"] for r in results]
+    base = statistics.median(r["torchrun"]["all"] for r in results)
+    extra = {role: statistics.median(r["hotspare"][role] - (r["torchrun"][role] if role != "spare" else 0.0)
+                                     for r in results) / base for role in ("launcher", "spare")}
+    return {"model": model, "steps": steps, "rounds": results, "ratio_median": statistics.median(ratios),
+            "ratio_mean": statistics.mean(ratios),
+            "ratio_stdev": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+            "workers_ratio_median": statistics.median(r["workers_ratio"] for r in results),
+            "launcher_extra_share": extra["launcher"], "spare_share": extra["spare"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="5m", choices=("tiny", "1m", "5m"), help="example preset (default: 5m)")
+    p.add_argument("--steps", type=int, default=120, help="steps per job (default: 120)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, alternating which job starts first (default: 3)")
+    p.add_argument("--warmup", type=int, default=10, help="steps left out at the start (default: 10)")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    if args.steps < args.warmup + 10:
+        p.error(f"--steps must be at least --warmup + 10 = {args.warmup + 10}")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    print(f"model {args.model}, torchrun and hotspare side by side, 4 ranks each (+1 spare), "
+          f"{os.cpu_count()} cores", flush=True)
+    res = measure(args.model, args.steps, args.rounds, args.warmup)
+    print(f"hotspare / torchrun CPU per step: median {res['ratio_median']:.4f}, mean {res['ratio_mean']:.4f} "
+          f"+- {res['ratio_stdev']:.4f} (sd over {args.rounds} rounds)   target < 1.005")
+    print(f"   of which: workers {res['workers_ratio_median']:.4f}; hotspare's launcher beyond torchrun's "
+          f"{100 * res['launcher_extra_share']:+.3f}% and its spare {100 * res['spare_share']:.3f}% of torchrun's CPU per step")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
