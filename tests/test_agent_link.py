@@ -85,6 +85,25 @@ def test_spawn_relay_deliver_kill(link):
     assert nodes.alive() == [] and nodes.free_devices() == ["n0/cpu0", "n0/cpu1"]
 
 
+def test_a_stopped_then_continued_worker_is_reported_as_the_kernel_says_it(link):
+    """SIGSTOP and SIGCONT reach the coordinator as they happen (the agent's waitpid sees them;
+    nothing polls /proc), and the exit after them still carries its signal."""
+    events, _, nodes, connect = link
+    connect("n0", devices=["n0/cpu0"])
+    join(events, nodes, "n0")
+    w = nodes.spawn("active", rank=0)
+    assert next_event(events, {"msg"})[2]["type"] == "ready"
+    for sig, stopped in ((signal.SIGSTOP, True), (signal.SIGCONT, False), (signal.SIGSTOP, True)):
+        t0 = nodes.kill(w, sig)
+        kind, who, payload, t = next_event(events, {"stopped"})
+        nodes.observe(kind, who, payload)
+        assert who == w and payload["stopped"] is stopped and nodes.workers[w].stopped is stopped
+        assert time.time() - t0 < 2.0
+    nodes.kill(w, signal.SIGKILL)                       # a stopped process dies of SIGKILL too
+    _, who, payload, _ = next_event(events, {"exit"})
+    assert (who, payload["code"]) == (w, -signal.SIGKILL)
+
+
 def test_agent_refuses_bad_commands_and_goes_on(link):
     events, _, nodes, connect = link
     connect("n0", devices=["n0/cpu0"])
