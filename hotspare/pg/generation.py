@@ -137,6 +137,8 @@ class GenerationGroup:
         self._store = AbortableStore(dist.PrefixStore(prefix, store), self._aborted, join_timeout_s)
         self._lock = threading.Lock()
         self._fds: dict[int, str] = {}
+        self._pg: dist.ProcessGroup | None = None
+        self._sum = dist.AllreduceOptions()            # reduceOp SUM
 
     @property
     def aborted(self) -> bool:
@@ -151,9 +153,14 @@ class GenerationGroup:
         with self._recording():
             dist.init_process_group(self.backend, store=self._store, rank=self.rank,
                                     world_size=self.world, timeout=self.join_timeout)
+        self._pg = dist.distributed_c10d._get_default_group()
         if self.backend == "gloo":
-            default = dist.distributed_c10d._get_default_group()
-            default._get_backend(torch.device("cpu")).set_timeout(self.timeout)
+            self._pg._get_backend(torch.device("cpu")).set_timeout(self.timeout)
+
+    def allreduce(self, tensor: torch.Tensor) -> dist.Work:
+        """Start a sum all-reduce of ``tensor``, in place, on this generation's group: the group's
+        own call, without torch.distributed's per-call Python checks (the gradient buckets)."""
+        return self._pg.allreduce([tensor], self._sum)
 
     @property
     def store(self) -> dist.Store:

@@ -116,7 +116,8 @@ class Job:
         self._params: list[torch.Tensor] | None = None   # integer views for the fingerprint
         self._nonfinite: torch.Tensor | None = None   # > 0 once this step's own gradients held NaN/Inf
         self._reported_gen = -1        # the generation whose first commit was reported
-        self._reduced: list[torch.Tensor] = []        # ... and the reduced buckets' sentinels
+        self._inflight: list = []                     # this backward's bucket all-reduces (runtime/ddp.py)
+        self._buckets: list[torch.Tensor] = []        # ... once reduced: their sentinels are read before the update
         self._vote: torch.futures.Future | None = None   # this step's vote, in flight since the step began
         self._health: VoteResult | None = None   # this step's failed vote
         self._exchange_t: float | None = None    # when this step reached the gradient exchange
@@ -235,7 +236,7 @@ class Job:
         self._current = step
         self._comm_error = None
         self._nonfinite, self._health, self._exchange_t = None, None, None
-        self._reduced = []
+        self._inflight, self._buckets = [], []
         self._check_s = 0.0      # this step's health checks on this rank (NaN scan, fingerprint)
         self._check_cpu = 0.0    # ... their CPU time (the wall time above includes waiting for a core)
         self._fp_s = 0.0         # ... of which the parameter fingerprint
@@ -416,11 +417,6 @@ class Job:
         scale_and_check(flat, 1.0 / self.world_size, self._nonfinite)
         self._charge_check(t0, c0)
 
-    def _note_reduced(self, reduced: torch.Tensor) -> None:
-        """Per reduced bucket (in the reduction's callback): its sentinel, the same bits on
-        every rank (see ``_scale_and_inspect``)."""
-        self._reduced.append(reduced.view(-1)[:1].clone())
-
     def _judge(self, table: torch.Tensor) -> None:
         """The summed vote table (same on every rank) -> this step's verdict; raises HealthFault."""
         step, with_fp = self._voting
@@ -441,16 +437,19 @@ class Job:
         rank sees the same reduced bits, so every rank stops here alike, with no exchange on
         healthy steps. Only then do the ranks compare their own gradients, to name the rank
         that produced the garbage."""
-        if not self.managed or self._current is None or not self._reduced:
+        if not self.managed or self._current is None or not self._buckets:
             return
         t0, c0 = time.perf_counter(), time.thread_time()
-        reduced, self._reduced = self._reduced, []
-        finite = bool(torch.isfinite(torch.cat(reduced)).all())
+        buckets, self._buckets = self._buckets, []
+        if buckets[0].device.type == "cpu":     # a float per bucket: a few microseconds, no tensors
+            finite = all(math.isfinite(float(b[0])) for b in buckets)
+        else:                                   # one sync on an accelerator
+            finite = bool(torch.isfinite(torch.stack([b[0] for b in buckets])).all())
         self._charge_check(t0, c0)
         if finite:
             return
         mine = self._nonfinite is not None and bool(self._nonfinite.item() > 0)
-        flags = torch.zeros(self.world_size, dtype=torch.float32, device=reduced[0].device)
+        flags = torch.zeros(self.world_size, dtype=torch.float32, device=buckets[0].device)
         flags[self.rank] = float(mine)
         try:
             dist.all_reduce(flags)
