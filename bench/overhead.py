@@ -1,6 +1,6 @@
 """Steady-state overhead of hotspare against plain torchrun, the two jobs running side by side.
 
-    python bench/overhead.py                          # 5M model, 4 ranks each, 3 rounds (~12 min)
+    python bench/overhead.py                          # 5M model, 4 ranks each, 3 rounds (~13 min)
     python bench/overhead.py --model 1m --steps 300   # quicker
     PYTHONPATH=/path/to/other/checkout python bench/overhead.py   # measure another hotspare
 
@@ -13,9 +13,10 @@ process of the job (launcher, workers, the spare, all their threads: /proc's sch
 two of its own step lines, over the steps between. Start-up and shutdown fall outside the window.
 The ratio hotspare / torchrun is computed per round; the rounds alternate which job starts first.
 
-CPU time, not wall time, is the measure: both jobs share the cores, so each one's wall time
-depends on the other's; on a machine the job has to itself (CPU-bound, every core busy, as
-here), CPU per step is what sets the step time.
+CPU time is the main measure: on a machine the job has to itself (CPU-bound, every core busy, as
+here), CPU per step is what sets the step time. The wall time per step over the same window is
+printed beside it: sharing the cores, a job that spent time waiting (on a socket, a lock) rather
+than computing would leave the cores to the other job and fall behind it.
 """
 from __future__ import annotations
 
@@ -37,13 +38,20 @@ EXAMPLE = REPO / "examples" / "gpt_stdlib.py"
 STEP_LINE = re.compile(r"(?:^|\] )step\s+(\d+)")
 
 
-def _tasks_cpu_s(pid: int) -> float:
-    """On-CPU time of every thread of ``pid`` (``schedstat``: nanoseconds, not 10 ms ticks)."""
-    total = 0
+def _tasks_cpu_s(pid: int) -> dict[str, float]:
+    """On-CPU time of each thread of ``pid`` by kind (``schedstat``: nanoseconds, not 10 ms
+    ticks): "main" (the process's first thread), else the thread's name (``comm``)."""
+    out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-            total += int(f.read().split()[0])
-    return total / 1e9
+            ns = int(f.read().split()[0])
+        if int(tid) == pid:
+            kind = "main"
+        else:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                kind = f.read().strip()
+        out[kind] = out.get(kind, 0.0) + ns / 1e9
+    return out
 
 
 def _role(pid: int) -> str:
@@ -59,8 +67,12 @@ def _role(pid: int) -> str:
     return "worker" if any(e.startswith(b"LOCAL_RANK=") for e in env) else "launcher"
 
 
+ROLES = ("launcher", "worker", "spare")
+
+
 def tree_cpu_s(root: int) -> dict[str, float]:
-    """On-CPU time of ``root`` and every process below it, all their threads, in seconds, by role."""
+    """On-CPU time of ``root`` and every process below it, all their threads, in seconds, by role;
+    the workers' also by thread kind, under "worker/<kind>"."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -71,14 +83,18 @@ def tree_cpu_s(root: int) -> dict[str, float]:
         except OSError:          # exited meanwhile
             continue
         children.setdefault(ppid, []).append(int(entry))
-    total = {"launcher": 0.0, "worker": 0.0, "spare": 0.0}
+    total = dict.fromkeys(ROLES, 0.0)
     todo = [root]
     while todo:
         pid = todo.pop()
         try:
-            total[_role(pid)] += _tasks_cpu_s(pid)
-        except OSError:
-            pass
+            role, threads = _role(pid), _tasks_cpu_s(pid)
+        except OSError:          # exited meanwhile
+            threads = {}
+        for kind, cpu in threads.items():
+            total[role] += cpu
+            if role == "worker":
+                total[f"worker/{kind}"] = total.get(f"worker/{kind}", 0.0) + cpu
         todo.extend(children.get(pid, []))
     return total
 
@@ -107,13 +123,15 @@ class Job:
 
 
 def per_step(points: list[tuple[float, int, dict]], t0: float, t1: float) -> tuple[dict[str, float], int]:
-    """CPU seconds per step, by role and in all, between the first and last step line inside [t0, t1]."""
+    """CPU seconds per step, by role and in all, and wall seconds per step ("wall"), between the
+    first and last step line inside [t0, t1]."""
     inside = [p for p in points if t0 <= p[0] <= t1]
     if len(inside) < 2:
         raise RuntimeError("fewer than two step lines inside the common window: run more steps")
-    (_, s0, c0), (_, s1, c1) = inside[0], inside[-1]
-    out = {role: (c1[role] - c0[role]) / (s1 - s0) for role in c0}
-    out["all"] = sum(out.values())
+    (w0, s0, c0), (w1, s1, c1) = inside[0], inside[-1]
+    out = {key: (c1[key] - c0.get(key, 0.0)) / (s1 - s0) for key in c1}
+    out["all"] = sum(out[role] for role in ROLES)
+    out["wall"] = (w1 - w0) / (s1 - s0)
     return out, s1 - s0
 
 
@@ -144,6 +162,7 @@ def one_round(model: str, steps: int, warmup: int, first: str, port: int) -> dic
         out[n], out[f"{n}_steps"] = per_step(j.points, start, end)
     out["ratio"] = out["hotspare"]["all"] / out["torchrun"]["all"]
     out["workers_ratio"] = out["hotspare"]["worker"] / out["torchrun"]["worker"]
+    out["wall_ratio"] = out["hotspare"]["wall"] / out["torchrun"]["wall"]
     return out
 
 
@@ -164,7 +183,11 @@ def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 
             f"hotspare {1000 * h['all']:7.1f} ms ({res['hotspare_steps']} steps): ratio {res['ratio']:.4f}   "
             f"[{first} started first, window {res['window_s']:.0f} s]")
         say(f"      workers {1000 * t['worker']:7.1f} / {1000 * h['worker']:7.1f} ms (ratio {res['workers_ratio']:.4f})"
-            f"   launcher {1000 * t['launcher']:5.2f} / {1000 * h['launcher']:5.2f} ms   spare {1000 * h['spare']:5.2f} ms")
+            f"   launcher {1000 * t['launcher']:5.2f} / {1000 * h['launcher']:5.2f} ms   spare {1000 * h['spare']:5.2f} ms"
+            f"   wall/step {1000 * t['wall']:6.1f} / {1000 * h['wall']:6.1f} ms (ratio {res['wall_ratio']:.4f})")
+        kinds = sorted({k for k in (*t, *h) if k.startswith("worker/")}, key=lambda k: -h.get(k, 0.0))
+        say("      workers' threads: " + ", ".join(
+            f"{k[7:]} {1000 * t.get(k, 0.0):.1f} / {1000 * h.get(k, 0.0):.1f}" for k in kinds) + " ms")
     ratios = [r["ratio"] for r in results]
     base = statistics.median(r["torchrun"]["all"] for r in results)
     extra = {role: statistics.median(r["hotspare"][role] - (r["torchrun"][role] if role != "spare" else 0.0)
@@ -173,6 +196,7 @@ def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 
             "ratio_mean": statistics.mean(ratios),
             "ratio_stdev": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
             "workers_ratio_median": statistics.median(r["workers_ratio"] for r in results),
+            "wall_ratio_median": statistics.median(r["wall_ratio"] for r in results),
             "launcher_extra_share": extra["launcher"], "spare_share": extra["spare"]}
 
 
@@ -195,6 +219,7 @@ def main() -> None:
           f"+- {res['ratio_stdev']:.4f} (sd over {args.rounds} rounds)   target < 1.005")
     print(f"   of which: workers {res['workers_ratio_median']:.4f}; hotspare's launcher beyond torchrun's "
           f"{100 * res['launcher_extra_share']:+.3f}% and its spare {100 * res['spare_share']:.3f}% of torchrun's CPU per step")
+    print(f"   wall time per step (the two sharing the cores): median ratio {res['wall_ratio_median']:.4f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

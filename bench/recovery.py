@@ -1,6 +1,6 @@
 """Recovery benchmark: downtime per failure, steady-state overhead, state-transfer throughput.
 
-    python bench/recovery.py                 # ~5M-parameter GPT, 4 ranks (about 6 minutes here)
+    python bench/recovery.py                 # ~5M-parameter GPT, 4 ranks (30-40 minutes on 2 vCPUs)
     python bench/recovery.py --quick         # smaller and shorter, for a smoke check
 
 Everything is measured side by side in one invocation and reported as ratios where a ratio is
@@ -11,8 +11,8 @@ the point (this machine is noisy; absolute times are context):
    exit, the replacement killed during the transfer, a survivor killed while the next generation
    forms, and every rank lost at once, which falls back to a checkpoint);
 2. steady-state per-step overhead of hotspare against the same script under plain torchrun:
-   CPU time per step of every process of each job, the two jobs running side by side so drift
-   hits both alike (bench/overhead.py);
+   CPU and wall time per step of every process of each job, the two jobs running side by side so
+   drift hits both alike (bench/overhead.py);
 3. state-transfer throughput of hotspare's bucketed, checksummed broadcast against one raw gloo
    broadcast of the same number of bytes;
 4. live migration (health service): downtime from the verdict to the next committed step, for a
@@ -289,6 +289,7 @@ def _section2(model, steps, rounds, results, summary) -> None:
     results["overhead"] = ov
     summary.append(f"   hotspare / torchrun CPU per step   {ov['ratio_median']:.4f}   (median of {rounds} rounds; "
                    "target < 1.005)")
+    summary.append(f"   hotspare / torchrun wall per step  {ov['wall_ratio_median']:.4f}   (the same window)")
     summary.append(f"   launcher beyond torchrun's, spare  {100 * ov['launcher_extra_share']:+.3f}%, "
                    f"{100 * ov['spare_share']:.3f}% of torchrun's CPU per step (measured directly)")
 
