@@ -1,13 +1,16 @@
 """DDP's own group of one (pg.SoloGroup): answers every collective at once, starts no thread,
-and carries hotspare's DDP through building, rebuilding its buckets and training."""
+and carries hotspare's DDP through building, rebuilding its buckets and training; hotspare's
+comm hook on a real generation group completes every bucket, also when the group breaks."""
 import os
+import threading
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hotspare.pg import SoloGroup
-from hotspare.runtime.ddp import reset_after_failure, stabilize_buckets
+from hotspare.pg import GenerationGroup, SoloGroup
+from hotspare.runtime.ddp import _allreduce_hook, reset_after_failure, stabilize_buckets
 
 
 def threads() -> int:
@@ -56,3 +59,77 @@ def test_ddp_on_it_trains_like_a_plain_module_and_starts_no_thread():
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
     assert threads() == before, "a world of one needs no transport thread"
     assert not dist.is_initialized()
+
+
+class _HookJob:
+    """What hotspare's comm hook asks of the job (runtime/job.py), around a real generation
+    group of one; ``abort_after`` buckets it aborts the group, as the control thread does when
+    a peer dies."""
+
+    def __init__(self, group, abort_after=None):
+        self._group, self.generation, self.abort_after = group, 1, abort_after
+        self._inflight, self._buckets, self.errors, self.scaled = [], [], [], 0
+
+    def _entering_reduction(self):
+        pass
+
+    def _generation_broken(self):
+        return self._group.aborted
+
+    def _scale_and_inspect(self, buf):
+        self.scaled += 1
+        if self.scaled == self.abort_after:
+            self._group.abort()
+
+    def _note_comm_error(self, e):
+        self.errors.append(e)
+
+    def _take_vote(self):
+        return None
+
+
+def _bucketed_ddp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)])
+    ddp = DDP(model, process_group=SoloGroup(), init_sync=False, forward_sync_buffers=False,
+              bucket_cap_mb=0.1)
+    stabilize_buckets(ddp)
+    return ddp
+
+
+def _backward_in_thread(ddp, timeout=30.0):
+    outcome = {}
+
+    def run():
+        try:
+            ddp(torch.randn(3, 128)).square().sum().backward()
+            outcome["ok"] = True
+        except Exception as e:
+            outcome["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "backward hung: a bucket's future was never completed"
+    return outcome
+
+
+@pytest.mark.parametrize("abort_after", [None, 1, 2])
+def test_hotspare_hook_completes_every_bucket_even_when_the_generation_breaks_midway(abort_after):
+    # The group is aborted after the first (or second) bucket went out: the later buckets'
+    # hooks see a broken generation. Every bucket's future must still be completed, or DDP's
+    # finalization waits forever for the first one; backward raises the failure instead.
+    group = GenerationGroup(dist.HashStore(), gen=1, rank=0, world=1, prefix="g1/")
+    group.connect()
+    try:
+        ddp = _bucketed_ddp()
+        job = _HookJob(group, abort_after)
+        ddp.register_comm_hook(job, _allreduce_hook)
+        outcome = _backward_in_thread(ddp)
+        if abort_after is None:
+            assert outcome == {"ok": True} and job.scaled >= 3, "the test needs several buckets"
+            assert len(job._buckets) == job.scaled and not job._inflight
+        else:
+            assert "was aborted" in str(outcome.get("error")), outcome
+            assert job._buckets == [] and job.scaled == abort_after
+    finally:
+        group.destroy()

@@ -41,38 +41,36 @@ def reset_after_failure(ddp: DDP) -> None:
 _ENGINE = torch.autograd.Variable._execution_engine
 
 
-def _failed(error: BaseException) -> torch.futures.Future:
-    # Never raise inside the hook: that leaves DDP's reducer half-way through a bucket. A failed
-    # future is reported by backward() like any communication error.
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_exception(error)
-    return fut
-
-
 def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against real classes
     buf = bucket.buffer()
     job._entering_reduction()
+    if bucket.index() == 0:
+        # DDP hands over its buckets strictly in index order, so bucket 0 opens this backward's
+        # reduction. Queue the completion now, whatever happens to the later buckets: it runs at
+        # the end of backward, before DDP's finalization (queued after the last bucket's hook),
+        # which waits for every bucket's future and would wait forever for one left unset.
+        job._inflight = []
+        _ENGINE.queue_callback(lambda: _complete(job))
+    outcome: dist.Work | BaseException
     if job._generation_broken():
-        return _failed(PeerFailure(f"generation {job.generation} was aborted"))
-    try:
-        # Scale by 1/world (DDP's own arithmetic, so the result is bitwise equal to plain DDP's
-        # with the same layout) and note this rank's own NaN/Inf, in one pass over the bucket.
-        job._scale_and_inspect(buf)
-        work = job._group.allreduce(buf)
-    except Exception as e:
-        job._note_comm_error(e)
-        return _failed(e)
+        outcome = PeerFailure(f"generation {job.generation} was aborted")
+    else:
+        try:
+            # Scale by 1/world (DDP's own arithmetic, so the result is bitwise equal to plain
+            # DDP's with the same layout) and note this rank's own NaN/Inf, in one pass.
+            job._scale_and_inspect(buf)
+            outcome = job._group.allreduce(buf)
+        except Exception as e:
+            # Never raise inside the hook: that leaves DDP's reducer half-way through a bucket.
+            # The future fails instead, and backward() reports it like any communication error.
+            job._note_comm_error(e)
+            outcome = e
     fut: torch.futures.Future = torch.futures.Future()
-    job._inflight.append((work, fut, buf))
-    if bucket.is_last():
-        # DDP queues its own finalization (which waits for these futures) right after the last
-        # bucket's hook returns: queued now, _complete runs just before it.
-        vote = job._take_vote()
-        _ENGINE.queue_callback(lambda: _complete(job, vote))
+    job._inflight.append((outcome, fut, buf))
     return fut
 
 
-def _complete(job: "Job", vote: torch.futures.Future | None) -> None:
+def _complete(job: "Job") -> None:
     """At the end of backward, on the training thread, before DDP reads the bucket futures: wait
     for each bucket's all-reduce and hand DDP its result. No Python runs on gloo's threads (a
     callback there takes the GIL from the training thread on every bucket: +0.25 ms of CPU per
@@ -80,10 +78,14 @@ def _complete(job: "Job", vote: torch.futures.Future | None) -> None:
     as the step began, is judged here: a verdict against this step fails the buckets on every
     rank alike, before any optimizer steps."""
     inflight, job._inflight = job._inflight, []
+    vote = job._take_vote()
     error: BaseException | None = None
-    for work, _, _ in inflight:
+    for outcome, _, _ in inflight:
+        if isinstance(outcome, BaseException):
+            error = outcome
+            break
         try:
-            work.wait()
+            outcome.wait()
         except Exception as e:          # the first failure is the step's; DDP stops there too
             job._note_comm_error(e)
             error = e
