@@ -24,13 +24,14 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from procs import descendants, environ, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gpt_stdlib.py"
@@ -57,14 +58,10 @@ def _tasks_cpu_s(pid: int) -> dict[str, float]:
 def _role(pid: int) -> str:
     """'worker' (a training rank), 'spare' (a warm spare) or 'launcher' (everything else: the
     launcher and its agent, coordinator and health service threads; torchrun's elastic agent)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read().split(b"\0")
-    except OSError:
-        return "launcher"
-    if b"HOTSPARE_ROLE=spare" in env:
+    env = environ(pid)
+    if env.get("HOTSPARE_ROLE") == "spare":
         return "spare"
-    return "worker" if any(e.startswith(b"LOCAL_RANK=") for e in env) else "launcher"
+    return "worker" if "LOCAL_RANK" in env else "launcher"
 
 
 ROLES = ("launcher", "worker", "spare")
@@ -73,20 +70,8 @@ ROLES = ("launcher", "worker", "spare")
 def tree_cpu_s(root: int) -> dict[str, float]:
     """On-CPU time of ``root`` and every process below it, all their threads, in seconds, by role;
     the workers' also by thread kind, under "worker/<kind>"."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:          # exited meanwhile
-            continue
-        children.setdefault(ppid, []).append(int(entry))
     total = dict.fromkeys(ROLES, 0.0)
-    todo = [root]
-    while todo:
-        pid = todo.pop()
+    for pid in (root, *descendants(root)):
         try:
             role, threads = _role(pid), _tasks_cpu_s(pid)
         except OSError:          # exited meanwhile
@@ -95,7 +80,6 @@ def tree_cpu_s(root: int) -> dict[str, float]:
             total[role] += cpu
             if role == "worker":
                 total[f"worker/{kind}"] = total.get(f"worker/{kind}", 0.0) + cpu
-        todo.extend(children.get(pid, []))
     return total
 
 
@@ -164,12 +148,6 @@ def one_round(model: str, steps: int, warmup: int, first: str, port: int) -> dic
     out["workers_ratio"] = out["hotspare"]["worker"] / out["torchrun"]["worker"]
     out["wall_ratio"] = out["hotspare"]["wall"] / out["torchrun"]["wall"]
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 10, say=print) -> dict:

@@ -28,7 +28,6 @@ import datetime
 import json
 import math
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -41,14 +40,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import measure as side_by_side  # noqa: E402
+from procs import free_port  # noqa: E402
 
 from hotspare.testing import run_job  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------- 1. downtime
