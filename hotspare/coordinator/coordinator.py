@@ -128,7 +128,7 @@ class Coordinator:
         if now >= self._next_tick:
             limit = hang.threshold(self.ledger.step_times, self.hang_floor, self.hang_factor)
             self._next_tick = now + (poll if poll is not None else hang.tick_period(limit))
-            self._tick(now)
+            self._tick(now, limit)
 
     def over(self) -> bool:
         return self.view.phase in ("finished", "stopped") and not self.nodes.alive()
@@ -206,7 +206,8 @@ class Coordinator:
         if self.health is not None:
             self.health.device_released(self.nodes.workers[worker].device)
 
-    def _tick(self, now: float) -> None:
+    def _tick(self, now: float, limit: float) -> None:
+        """``limit``: the hang threshold for the steps seen so far (``policy.hang.threshold``)."""
         if self.view.phase not in ("running", "recovering"):
             return
         if self.health is not None and now - self._operator_polled >= 1.0:
@@ -224,7 +225,6 @@ class Coordinator:
             hang.RankActivity(r, self.nodes.workers[w].last_step, self.reducing.get(r),
                               self.nodes.workers[w].stopped)
             for r, w in sorted(self.view.members.items()) if r not in self.view.lost)
-        limit = hang.threshold(self.ledger.step_times, self.hang_floor, self.hang_factor)
         # Forming a group may legitimately take up to the join timeout (a member that died after
         # publishing its address is retried until then), and a generation's first step follows
         # a state transfer: be lenient until the generation has committed a step.
