@@ -311,6 +311,29 @@ def test_async_error_reraised_in_poll(tmp_path):
         ck.submit(2, {"w": torch.ones(2)}, {"bad": object()})
 
 
+def test_async_on_done_hears_of_a_write_the_moment_it_is_durable(tmp_path, monkeypatch):
+    started, release = _gate(monkeypatch)
+    heard, failed = [], []
+    ck = AsyncCheckpointer(str(tmp_path), "fp", on_done=lambda info: heard.append((info, latest(str(tmp_path)))))
+    assert ck.submit(7, {"w": torch.ones(2)}, {}) is True
+    assert started.wait(10) and heard == []
+    release.set()
+    ck._thread.join(10)
+    (info, on_disk), = heard                         # from the writer thread, nobody polled
+    assert info.step == 7 and on_disk.step == 7      # ... and LATEST already names it
+    assert ck.poll() is None                         # reported once, to on_done
+
+    def broken(info):
+        failed.append(info.step)
+        raise OSError("link gone")
+    ck2 = AsyncCheckpointer(str(tmp_path), "fp", on_done=broken)
+    assert ck2.submit(8, {"w": torch.ones(2)}, {}) is True
+    ck2._thread.join(10)
+    with pytest.raises(CheckpointError, match="link gone"):
+        ck2.poll()                                   # a failing callback is not lost either
+    assert failed == [8]
+
+
 def test_async_intervals(tmp_path):
     ck = AsyncCheckpointer(str(tmp_path), "fp", interval_steps=10)
     assert not ck.due(3) and ck.due(10)

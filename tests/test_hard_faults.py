@@ -81,10 +81,18 @@ def test_every_rank_lost_falls_back_to_the_checkpoint_and_says_so(reference, tmp
     r = run_job(ARGS, inject=kills, extra=["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "10"])
     assert r.code == 0, r.output
     rep = r.report
-    assert rep["final_state_digest"] == reference       # recomputed deterministically from step 20
+    assert rep["final_state_digest"] == reference       # recomputed deterministically from the checkpoint
     assert rep["recovered_from_checkpoint"] == 4 and rep["recovered_zero_loss"] == 0
-    assert rep["steps_lost"] == 4 and rep["checkpoints_written"] >= 2
-    assert "falling back to the checkpoint at step 20" in r.output
+    # Rank 0 starts writing step 20 as it commits it and is killed five steps later; on a loaded
+    # machine that write can still be in flight and dies with it. Then step 10 is the newest
+    # durable copy, and the job must say so and count 14 lost steps, not 4.
+    restored = {f["target_step"] for f in rep["failures"]}
+    assert len(restored) == 1 and restored <= {10, 20}, rep["failures"]
+    (at,) = restored
+    assert rep["steps_lost"] == 24 - at
+    assert f"falling back to the checkpoint at step {at}" in r.output
+    written = [c["step"] for c in rep["checkpoints"]]
+    assert written[:written.index(at) + 1] == list(range(0, at + 1, 10)), written   # all written, in order
 
 
 def test_resume_from_a_checkpoint_continues_bitwise(reference, tmp_path):

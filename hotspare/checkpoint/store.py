@@ -45,6 +45,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -388,13 +389,17 @@ class AsyncCheckpointer:
 
     ``submit`` snapshots the tensors (a CPU copy) and returns; if the previous write is still
     running it returns False and skips this step (no queue can grow). ``poll`` reports
-    finished writes and re-raises their errors. Optional ``interval_steps`` /
+    finished writes and re-raises their errors; with ``on_done`` a finished write is handed to
+    that callable at once, from the writer thread, instead (errors still surface in ``poll``),
+    so whoever tracks the newest durable checkpoint learns of it without waiting for the
+    caller's next poll. Optional ``interval_steps`` /
     ``interval_seconds`` drive ``due(step)``, which the caller checks before building a
     snapshot.
     """
 
     def __init__(self, directory: str, fingerprint: str, keep: int = 2, *,
-                 interval_steps: int | None = None, interval_seconds: float | None = None):
+                 interval_steps: int | None = None, interval_seconds: float | None = None,
+                 on_done: Callable[[CheckpointInfo], None] | None = None):
         if keep < 1:
             raise CheckpointError(f"keep must be >= 1, got {keep}")
         if interval_steps is not None and interval_steps < 1:
@@ -403,6 +408,7 @@ class AsyncCheckpointer:
             raise CheckpointError(f"interval_seconds must be > 0, got {interval_seconds}")
         self.directory, self.fingerprint, self.keep = directory, fingerprint, keep
         self.interval_steps, self.interval_seconds = interval_steps, interval_seconds
+        self._on_done = on_done
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._result: CheckpointInfo | None = None
@@ -457,6 +463,13 @@ class AsyncCheckpointer:
         except BaseException as e:  # noqa: BLE001 -- handed to the caller in poll()
             with self._lock:
                 self._error = e
+            return
+        if self._on_done is not None:
+            try:
+                self._on_done(info)
+            except BaseException as e:  # noqa: BLE001 -- handed to the caller in poll()
+                with self._lock:
+                    self._error = e
             return
         with self._lock:
             self._result = info

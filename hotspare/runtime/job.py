@@ -110,7 +110,7 @@ class Job:
         self._watched = False                # the agent wants a message as each step begins
         self._wait_seq, self._go = 0, threading.Event()   # ... and answers it (see _trigger)
         self._aborted_upto = 0               # newest generation the coordinator aborted
-        self._persist = Persister(self.registry)
+        self._persist = Persister(self.registry, on_done=self._report_checkpoint)
         # In-process health signals (see runtime/vote.py).
         self.fingerprint_every = int(os.environ.get(ENV_FINGERPRINT_EVERY, DEFAULT_VOTE_EVERY))
         self._params: list[torch.Tensor] | None = None   # integer views for the fingerprint
@@ -269,7 +269,7 @@ class Job:
                                          comm=now - exch, check=self._check_s, check_cpu=self._check_cpu,
                                          fp=self._fp_s))
                 if self.rank == 0:
-                    self._report_checkpoint(self._persist.after_commit(step))
+                    self._persist.after_commit(step)      # a finished write reports itself
             elif self.rank == 0 and self._metrics:
                 print(f"step {step} " + " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                                  for k, v in self._metrics.items())
@@ -326,9 +326,15 @@ class Job:
                                 error=f"{type(ev).__name__}: {ev}"[:2000], traceback=tb[-20000:]))
 
     def _report_checkpoint(self, info) -> None:
-        if info is not None:
+        """From the checkpoint writer's thread, the moment the write is durable: the coordinator
+        falls back to the newest checkpoint it has heard of, so it should hear at once."""
+        if self._channel is None:
+            return
+        try:
             self._channel.send(make("checkpointed", gen=self.generation, rank=self.rank,
                                     step=info.step, path=info.path))
+        except OSError:
+            pass            # the link is gone: this worker is being ended, nobody to tell
 
     def _is_peer_failure(self, ev: BaseException) -> bool:
         if isinstance(ev, (PeerFailure, dist.DistError)) or self._comm_error is not None:

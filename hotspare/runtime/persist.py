@@ -9,6 +9,7 @@ created its state yet.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 
@@ -34,8 +35,10 @@ def _payload(snap: Snapshot, step: int) -> tuple[dict[str, torch.Tensor], dict]:
 class Persister:
     """Periodic asynchronous checkpoints by the generation's rank 0, as configured by the launcher."""
 
-    def __init__(self, registry: StateRegistry):
+    def __init__(self, registry: StateRegistry, on_done: Callable[[CheckpointInfo], None] | None = None):
+        """``on_done`` hears of each finished background write at once, from the writer thread."""
         self.registry = registry
+        self._on_done = on_done
         self.directory = os.environ.get(ENV_DIR) or None
         every = int(os.environ.get(ENV_EVERY, 0)) or None
         seconds = float(os.environ.get(ENV_SECONDS, 0)) or None
@@ -45,11 +48,13 @@ class Persister:
     def _writer(self) -> AsyncCheckpointer | None:
         if self.directory and (self._every or self._seconds) and self._async is None:
             self._async = AsyncCheckpointer(self.directory, fingerprint(self.registry),
-                                            interval_steps=self._every, interval_seconds=self._seconds)
+                                            interval_steps=self._every, interval_seconds=self._seconds,
+                                            on_done=self._on_done)
         return self._async
 
     def after_commit(self, step: int) -> CheckpointInfo | None:
-        """Start a background write if one is due; return a write that finished, if any."""
+        """Start a background write if one is due; return a write that finished, if any (never
+        with ``on_done``: that hears of it first). A failed write raises here."""
         writer = self._writer()
         if writer is None:
             return None
