@@ -1,4 +1,5 @@
 """The coordinator's health desk without processes: readings in, verdicts out, lifecycle kept."""
+import threading
 import time
 
 from hotspare.coordinator.health import STRAGGLER_WINDOW, HealthMonitor
@@ -61,7 +62,7 @@ def test_verdicts_name_the_rank_on_the_device_now(tmp_path):
 
 def test_cordoned_device_drains_quarantines_and_returns_after_diagnostics(tmp_path):
     calls = []
-    m = monitor(tmp_path, diagnose=lambda d: (calls.append(d) or True, "ok"), reset=calls.append)
+    m = monitor(tmp_path, diagnose=lambda d, stop: (calls.append(d) or True, "ok"), reset=calls.append)
     m.cordon(DEVICES[1], "too hot", "temp-limit", time.time())
     assert not m.usable(DEVICES[1]) and m.registry.get(DEVICES[1]).state == State.CORDONED
     m.device_released(DEVICES[1])                       # its worker left
@@ -72,8 +73,37 @@ def test_cordoned_device_drains_quarantines_and_returns_after_diagnostics(tmp_pa
     assert rec.remediations, "a rule's cordon counts for the repeat-offender rule"
 
 
+def test_cancelled_diagnostics_stop_at_once_and_leave_the_device_quarantined(tmp_path):
+    from hotspare.health.checks.burnin import burn_in
+    lines, started = [], threading.Event()
+
+    def diagnose(device, stop):    # a real burn-in, ten minutes long unless stopped
+        started.set()
+        result = burn_in(device, n=64, reps=1, seconds=600, stop=stop)
+        return result.passed, result.detail
+    m = HealthMonitor(load_rules(), Registry(tmp_path / "h.json"), DEVICES, log=lines.append, diagnose=diagnose)
+    m.cordon(DEVICES[1], "too hot", "temp-limit", time.time())
+    m.device_released(DEVICES[1])
+    assert started.wait(10)
+    t0 = time.monotonic()
+    m.close(timeout=60, cancel=True)
+    assert time.monotonic() - t0 < 5, "close(cancel=True) waited for the burn-in"
+    assert m.registry.get(DEVICES[1]).state == State.QUARANTINED
+    assert any("diagnostics cut short" in line for line in lines), lines
+    m.cordon(DEVICES[2], "too hot", "temp-limit", time.time())
+    m.device_released(DEVICES[2])                   # after close: none started
+    assert m.registry.get(DEVICES[2]).state == State.QUARANTINED and DEVICES[2] not in m.diagnosing
+    assert any("diagnostics not started" in line for line in lines), lines
+
+    # The next job's monitor on this node takes both up again, and they pass.
+    again = HealthMonitor(load_rules(), Registry(tmp_path / "h.json"), DEVICES, log=lines.append,
+                          diagnose=lambda d, stop: (True, "ok"))
+    again.close()
+    assert all(again.registry.get(d).state == State.HEALTHY for d in DEVICES[1:3])
+
+
 def test_a_repeat_offender_is_retired_instead_of_diagnosed(tmp_path):
-    m = monitor(tmp_path, diagnose=lambda d: (True, "ok"))
+    m = monitor(tmp_path, diagnose=lambda d, stop: (True, "ok"))
     m.cordon(DEVICES[2], "fifth time", "repeat-offender", time.time(), retire=True)
     m.device_released(DEVICES[2])
     m.close()

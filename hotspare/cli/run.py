@@ -247,8 +247,8 @@ def run(args: argparse.Namespace) -> int:
         for agent in agents:
             agent.close()
         endpoint.close()
-    if health is not None:
-        health.close()
+    if health is not None:    # after Ctrl-C, running diagnostics stop at once (the device stays quarantined)
+        health.close(cancel=ledger.outcome == "interrupted")
         ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
                           for r in health.registry.devices() if r.device in health.devices]
     ledger.nodes = coord.nodes.describe()
@@ -317,9 +317,9 @@ def _health_service(args, events: "queue.Queue", log):
         if isinstance(source, SimulatedSource):
             source.clear(device)
 
-    def diagnose(device: str) -> tuple[bool, str]:
+    def diagnose(device: str, stop) -> tuple[bool, str]:
         from hotspare.coordinator.health import diagnose_device
-        return diagnose_device(device, source, rules)
+        return diagnose_device(device, source, rules, stop=stop)
 
     monitor = HealthMonitor(rules, registry, devices, log=log, diagnose=diagnose, reset=reset)
     if args.admission != "off":

@@ -22,6 +22,7 @@ import time
 from typing import Callable
 
 from hotspare.health import types as T
+from hotspare.health.checks.result import CheckCancelled
 from hotspare.health.lifecycle import State
 from hotspare.health.registry import Registry
 from hotspare.health.rules import FleetState, RuleSet, apply_fleet_policies, evaluate, worst
@@ -33,8 +34,11 @@ STRAGGLER_WINDOW = 10      # steps of compute time per rank behind one straggler
 
 class HealthMonitor:
     def __init__(self, rules: RuleSet, registry: Registry, devices: list[str],
-                 log: Callable[[str], None] = print, diagnose: Callable[[str], tuple[bool, str]] | None = None,
+                 log: Callable[[str], None] = print,
+                 diagnose: Callable[[str, threading.Event], tuple[bool, str]] | None = None,
                  reset: Callable[[str], None] | None = None, diagnostics_passes: int = 2):
+        """``diagnose(device, stop)`` runs a quarantined device's diagnostics in a background
+        thread; it should give up with ``CheckCancelled`` soon after ``stop`` is set (``close``)."""
         self.rules, self.registry, self.devices, self.log = rules, registry, list(devices), log
         self.history: dict[str, list[Reading]] = {}
         self.rank_device: dict[int, str] = {}
@@ -45,13 +49,17 @@ class HealthMonitor:
         self.diagnosing: set[str] = set()
         self.retiring: set[str] = set()
         self._threads: list[threading.Thread] = []
-        self._revision = 0         # a repeat offender: retire once drained
+        self._stop = threading.Event()   # the job is stopping: start no diagnostics, cut running ones short
+        self._revision = 0         # the registry's revision last seen (operator commands)
         self._said: dict[str, str] = {}
         for d in self.devices:
             self.registry.ensure(d)
             for t, _ in ((x, d) for x in self.registry.get(d).remediations):
                 self.remediations.append((t, d))
         self._revision = self.registry.revision()
+        for d in self.devices:     # a job that stopped mid-diagnostics left these: take them up again
+            if self.registry.get(d).state == State.QUARANTINED:
+                self._start_diagnostics(d)
 
     # ------------------------------------------------------------------ devices
     def usable(self, device: str) -> bool:
@@ -196,24 +204,33 @@ class HealthMonitor:
     def _start_diagnostics(self, device: str) -> None:
         if self.diagnose is None or device in self.diagnosing:
             return
+        if self._stop.is_set():
+            self.log(f"QUARANTINE {device}: the job is stopping; diagnostics not started (the device "
+                     f"stays quarantined; the next job on this node diagnoses it)")
+            return
         self.diagnosing.add(device)
         thread = threading.Thread(target=self._diagnostics, args=(device,), name=f"diagnose-{device}",
                                   daemon=True)
         self._threads.append(thread)
         thread.start()
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Wait for running diagnostics (a torch op cut off at interpreter exit aborts the process)."""
+    def close(self, timeout: float = 30.0, cancel: bool = False) -> None:
+        """Wait for running diagnostics (a torch op cut off at interpreter exit aborts the process).
+        ``cancel`` (Ctrl-C) cuts them short instead: each stops after its current step, and its
+        device stays quarantined, with no verdict, until diagnostics pass another time."""
+        if cancel:
+            self._stop.set()
         deadline = time.time() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.time()))
+        self._stop.set()
 
     def _diagnostics(self, device: str) -> None:
         try:
             if self.reset is not None:
                 self.reset(device)               # e.g. a GPU reset; the simulated device resets
             for i in range(self.passes):
-                ok, detail = self.diagnose(device)
+                ok, detail = self.diagnose(device, self._stop)
                 if not ok:
                     self.registry.diagnostics_failed(device, detail)
                     self.log(f"QUARANTINE {device}: diagnostics failed ({detail}): {self.registry.get(device).state.value}")
@@ -225,6 +242,9 @@ class HealthMonitor:
                     self._said.pop(device, None)
                     self.log(f"HEALTHY {device}: back in the pool after {i + 1} passing diagnostics")
                     return
+        except CheckCancelled:
+            self.log(f"QUARANTINE {device}: diagnostics cut short, the job is stopping; the device stays "
+                     f"quarantined and the next job on this node diagnoses it again")
         except Exception as e:  # noqa: BLE001
             self.log(f"QUARANTINE {device}: diagnostics could not run: {e}")
         finally:
@@ -236,10 +256,12 @@ def _with_rank(v: Verdict, rank: int | None) -> Verdict:
     return dataclasses.replace(v, rank=rank)
 
 
-def diagnose_device(device: str, source, rules: RuleSet, size: str = "small") -> tuple[bool, str]:
+def diagnose_device(device: str, source, rules: RuleSet, size: str = "small",
+                    stop: threading.Event | None = None) -> tuple[bool, str]:
     """Quarantine diagnostics of one device: its telemetry must be clean again (after the reset)
     and the checks of hotspare.health.checks (burn-in against a float64 reference, memory
-    patterns) must pass. Runs in the launcher, on the device's kind (CPU here)."""
+    patterns) must pass. Runs in the launcher, on the device's kind (CPU here). Setting ``stop``
+    ends it early with ``CheckCancelled``."""
     import torch
 
     from hotspare.health.checks.burnin import burn_in
@@ -259,8 +281,8 @@ def diagnose_device(device: str, source, rules: RuleSet, size: str = "small") ->
     torch.set_num_threads(1)           # the launcher shares the node with the training workers
     try:
         results = [burn_in(device, torch_device, n=sizes.matmul_n, reps=sizes.burn_reps,
-                           seconds=sizes.burn_seconds),
-                   memory_test(device, torch_device, nbytes=sizes.mem_bytes)]
+                           seconds=sizes.burn_seconds, stop=stop),
+                   memory_test(device, torch_device, nbytes=sizes.mem_bytes, stop=stop)]
     finally:
         torch.set_num_threads(threads)
     failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]

@@ -17,6 +17,7 @@ from hotspare.health.checks.burnin import burn_in
 from hotspare.health.checks.dcgm import dcgm_diag, parse_diag
 from hotspare.health.checks.inventory import compare, slower_than_peers
 from hotspare.health.checks.memory import PATTERNS, memory_test
+from hotspare.health.checks.result import CheckCancelled
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +66,26 @@ def test_memory_test_catches_a_flipped_bit_in_every_pattern():
     assert not bad.passed
     assert bad.measurements["wrong_by_pattern"] == {p: 1 for p in PATTERNS}
     assert "at byte offset 524288: wrote 0x00000000, read 0x00002000 (bit 13 flipped)" in bad.detail
+
+
+def test_a_set_stop_event_ends_burn_in_and_memory_test_part_way(monkeypatch):
+    import threading
+    stop, mms = threading.Event(), []
+    real_mm = torch.mm
+
+    def counting_mm(*a, **k):      # set the stop during the 5th multiply of a 10-minute burn-in
+        mms.append(1)
+        if len(mms) == 5:
+            stop.set()
+        return real_mm(*a, **k)
+    monkeypatch.setattr(torch, "mm", counting_mm)
+    with pytest.raises(CheckCancelled, match="burn-in cancelled"):
+        burn_in("t1/cpu0", n=64, reps=1, seconds=600, stop=stop)
+    assert len(mms) == 5            # the warm-up and four checked reps: it stopped at the next one
+    monkeypatch.undo()
+    with pytest.raises(CheckCancelled, match="memory test cancelled"):
+        memory_test("t1/cpu0", nbytes=1 << 20, stop=stop)
+    assert memory_test("t1/cpu0", nbytes=1 << 20, stop=threading.Event()).passed
 
 
 def test_inventory_names_the_odd_device_and_fails_both_of_two_that_disagree():

@@ -23,7 +23,7 @@ import statistics
 import time
 
 from hotspare.errors import ConfigError
-from hotspare.health.checks.result import CheckResult
+from hotspare.health.checks.result import CheckResult, check_stop
 
 FLIP_BIT = 22
 INJECTIONS = ("bitflip",)
@@ -34,8 +34,9 @@ def flop_per_matmul(n: int) -> int:
 
 
 def burn_in(device: str, torch_device: str = "cpu", *, n: int, reps: int, seconds: float = 0.0,
-            seed: int = 0, inject: str | None = None) -> CheckResult:
-    """Run ``reps`` checked multiplies (and keep going until ``seconds`` have passed)."""
+            seed: int = 0, inject: str | None = None, stop=None) -> CheckResult:
+    """Run ``reps`` checked multiplies (and keep going until ``seconds`` have passed). Setting
+    ``stop`` (a ``threading.Event``) ends it after the current multiply with ``CheckCancelled``."""
     import numpy as np
     import torch
 
@@ -67,6 +68,7 @@ def burn_in(device: str, torch_device: str = "cpu", *, n: int, reps: int, second
     bad_total, worst, first_bad = 0, 0.0, None
     t_loop = time.perf_counter()
     while True:
+        check_stop(stop, "burn-in")
         sync()
         t0 = time.perf_counter()
         torch.mm(A, B, out=C)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 
 from hotspare.errors import ConfigError
-from hotspare.health.checks.result import CheckResult
+from hotspare.health.checks.result import CheckResult, check_stop
 
 PATTERNS = ("zeros", "ones", "walking-ones", "walking-zeros", "address", "address-inv")
 FLIP_BIT = 13
@@ -42,7 +42,7 @@ def _i32(v: int) -> int:
 
 
 def memory_test(device: str, torch_device: str = "cpu", *, nbytes: int, inject: str | None = None,
-                patterns: tuple[str, ...] = PATTERNS) -> CheckResult:
+                patterns: tuple[str, ...] = PATTERNS, stop=None) -> CheckResult:
     import torch
 
     words = nbytes // 4
@@ -90,6 +90,7 @@ def memory_test(device: str, torch_device: str = "cpu", *, nbytes: int, inject: 
 
     def fill_pass(pattern: str, value: int):
         nonlocal passes
+        check_stop(stop, "memory test")
         v = _i32(value)
         buf.fill_(v)
         sync()
@@ -101,6 +102,7 @@ def memory_test(device: str, torch_device: str = "cpu", *, nbytes: int, inject: 
 
     def address_pass(pattern: str, invert: bool):
         nonlocal passes
+        check_stop(stop, "memory test")
         for start in range(0, words, CHUNK_WORDS):
             end = min(words, start + CHUNK_WORDS)
             idx = torch.arange(start, end, dtype=torch.int64, device=dev) & 0x7FFFFFFF

@@ -10,6 +10,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hotspare.errors import HotspareError
+
+
+class CheckCancelled(HotspareError):
+    """A check was stopped part-way (its ``stop`` event was set): it has no verdict."""
+
+
+def check_stop(stop, name: str) -> None:
+    """Raise ``CheckCancelled`` if ``stop`` (a ``threading.Event`` or None) is set: long checks call
+    it between their steps, each a fraction of a second, so whoever stops them waits no longer."""
+    if stop is not None and stop.is_set():
+        raise CheckCancelled(f"{name} cancelled")
+
 
 @dataclasses.dataclass
 class CheckResult:
