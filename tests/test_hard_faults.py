@@ -84,15 +84,16 @@ def test_every_rank_lost_falls_back_to_the_checkpoint_and_says_so(reference, tmp
     assert rep["final_state_digest"] == reference       # recomputed deterministically from the checkpoint
     assert rep["recovered_from_checkpoint"] == 4 and rep["recovered_zero_loss"] == 0
     # Rank 0 starts writing step 20 as it commits it and is killed five steps later; on a loaded
-    # machine that write can still be in flight and dies with it. Then step 10 is the newest
-    # durable copy, and the job must say so and count 14 lost steps, not 4.
+    # machine that write can still be in flight and die with it (then step 10 is the newest
+    # durable copy: 14 lost steps, not 4), or start late because step 10's was still being
+    # written. The job must restore the newest copy it was told of, say which, and count from it.
     restored = {f["target_step"] for f in rep["failures"]}
-    assert len(restored) == 1 and restored <= {10, 20}, rep["failures"]
+    assert len(restored) == 1, rep["failures"]
     (at,) = restored
+    first_gen = [c["step"] for c in rep["checkpoints"] if c["generation"] == 1]   # before the fault
+    assert at == max(first_gen) and 10 <= at <= 24, rep["checkpoints"]
     assert rep["steps_lost"] == 24 - at
     assert f"falling back to the checkpoint at step {at}" in r.output
-    written = [c["step"] for c in rep["checkpoints"]]
-    assert written[:written.index(at) + 1] == list(range(0, at + 1, 10)), written   # all written, in order
 
 
 def test_resume_from_a_checkpoint_continues_bitwise(reference, tmp_path):

@@ -302,7 +302,7 @@ class Coordinator:
             self.log(f"ERROR   rank {msg['rank']} ({worker}) raised at step {msg['step']}: {msg['error'][:200]}")
             return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"])
         if kind == "checkpointed":
-            self.ledger.checkpoints.append({"step": msg["step"], "path": msg["path"]})
+            self.ledger.checkpoints.append({"step": msg["step"], "path": msg["path"], "generation": msg["gen"]})
             return policy.Checkpointed(msg["step"], msg["path"])
         if kind == "done":
             self.ledger.digests[msg["rank"]] = msg["digest"]
