@@ -2,9 +2,11 @@
 same model state, bit for bit, as the same run without faults, losing and repeating no step."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -133,8 +135,6 @@ def _interrupt(marker: str, until, extra=(), inject=()) -> tuple[str, float]:
     """Start a long job, send the launcher one SIGINT as soon as ``until(line)`` holds; its whole
     output and how long it took to exit. ``marker`` is a --corpus-bytes no other job uses: it
     finds this job's workers, none of which may be left behind."""
-    import signal
-    import time
     cmd = [sys.executable, "-m", "hotspare", "run", "--nproc", "2", "--spares", "1", *extra]
     for spec in inject:
         cmd += ["--inject", spec]

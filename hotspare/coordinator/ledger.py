@@ -166,7 +166,7 @@ class Ledger:
             # one recovery can follow several failures (e.g. every rank at once): count it once
             "steps_lost": sum({f.generation: f.lost_steps or 0 for f in self.failures}.values()),
             "checkpoints_written": len(self.checkpoints),
-            "checkpoints": list(self.checkpoints),   # {"step", "path", "generation"} as they were written
+            "checkpoints": list(self.checkpoints),   # {"step", "path", "generation" it was reported in}, in order
             "zero_loss_share": (len(memory) / len(self.failures)) if self.failures else None,
             "final_state_digest": next(iter(digests)) if len(digests) == 1 else None,
             "replica_digests": {str(r): d for r, d in sorted(self.digests.items())},
