@@ -213,6 +213,8 @@ class HealthMonitor:
                                   daemon=True)
         self._threads.append(thread)
         thread.start()
+        self.log(f"QUARANTINE {device}: drained; diagnostics started (burn-in, memory patterns; back in "
+                 f"the pool after {self.passes} passes)")
 
     def close(self, timeout: float = 30.0, cancel: bool = False) -> None:
         """Wait for running diagnostics (a torch op cut off at interpreter exit aborts the process).
