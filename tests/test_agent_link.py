@@ -3,6 +3,7 @@
 The coordinator's side is driven here by hand (``NodeEndpoint`` events, ``Nodes`` commands), so
 each message of the protocol is seen to do what it says, and bad input is seen to be refused
 without harming anything else."""
+import contextlib
 import json
 import os
 import queue
@@ -34,23 +35,39 @@ def next_event(events, kinds, timeout=20.0, skipped=None):
             skipped.append((kind, who, payload))
 
 
-@pytest.fixture
-def link():
+@contextlib.contextmanager
+def _linked(spawn):
     events: queue.Queue = queue.Queue()
     endpoint = NodeEndpoint(events)
     agents = []
 
     def connect(node, devices=None, device_fault=None):
         agent = NodeAgent(WORKER, ENV, coordinator=endpoint.address, node=node, devices=devices,
-                          device_fault=device_fault)
+                          device_fault=device_fault, spawn=spawn)
+        assert (agent.zygote is not None) == (spawn == "fork")
         agents.append(agent)
         return agent
 
     nodes = Nodes()
-    yield events, endpoint, nodes, connect
-    for agent in agents:
-        agent.shutdown(grace=0.0)
-    endpoint.close()
+    try:
+        yield events, endpoint, nodes, connect
+    finally:
+        for agent in agents:
+            agent.shutdown(grace=0.0)
+        endpoint.close()
+
+
+@pytest.fixture(params=["fork", "exec"])
+def link(request):
+    """Each test twice: workers forked from the agent's zygote, and started as fresh interpreters."""
+    with _linked(request.param) as parts:
+        yield parts
+
+
+@pytest.fixture
+def fork_link():
+    with _linked("fork") as parts:
+        yield parts
 
 
 def join(events, nodes, name):
@@ -269,3 +286,27 @@ def test_a_second_agent_with_a_taken_name_is_refused_and_the_first_goes_on(link)
                for line in lines), lines
     assert nodes.nodes["n0"] is first and not first.lost
     assert not any("link to its agent closed" in line for line in lines), lines
+
+
+
+def test_a_lost_zygote_leaves_the_agent_starting_fresh_interpreters(fork_link):
+    events, _, nodes, connect = fork_link
+    agent = connect("n0", devices=["n0/cpu0", "n0/cpu1"])
+    join(events, nodes, "n0")
+    first = nodes.spawn("spare")
+    _, who, msg, _ = next_event(events, {"msg"})
+    assert (who, msg["type"]) == (first, "ready")
+    agent.zygote._proc.kill()                   # the zygote dies; the job must not notice
+    second = nodes.spawn("spare")
+    _, who, msg, _ = next_event(events, {"msg"})
+    assert (who, msg["type"]) == (second, "ready") and agent.zygote is None
+    for w in (first, second):                   # both are the agent's, whichever way they started
+        nodes.kill(w, signal.SIGKILL)
+        _, who, payload, _ = next_event(events, {"exit"})
+        assert payload["code"] == -signal.SIGKILL
+
+
+def test_an_unknown_spawn_method_is_refused_before_anything_starts():
+    from hotspare.errors import ConfigError
+    with pytest.raises(ConfigError, match="spawn method 'clone' unknown; use one of fork, exec"):
+        NodeAgent(WORKER, ENV, coordinator="127.0.0.1:1", spawn="clone")

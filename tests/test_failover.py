@@ -62,23 +62,26 @@ def test_two_ranks_killed_in_the_same_step_with_one_spare_start_a_cold_replaceme
 
 
 def test_second_failure_finds_the_reprovisioned_warm_spare():
-    # long enough that the spare started after the first failure is warm for the second
-    args = ["--model", "tiny", "--steps", "400"]
+    # The spare started after the first failure (forked from the zygote: ready within a second)
+    # is warm for the second, 100 steps (3 s or more) later.
+    args = ["--model", "tiny", "--steps", "140"]
     ref = run_job(args, spares=1)
-    r = run_job(args, spares=1, inject=["kill:rank=1:step=20", "kill:rank=1:step=380"])
+    r = run_job(args, spares=1, inject=["kill:rank=1:step=20", "kill:rank=1:step=120"])
     assert r.code == 0, r.output
     assert r.digest == ref.digest and r.report["steps_repeated"] == 0
     assert len(r.report["failures"]) == 2, explain(r)
     first, second = r.report["failures"]
     assert first["replacement"] == "w4" and second["replacement"] == "w5"   # w5: the re-provisioned spare
     assert second["spare_was_warm"] and first["spare_was_warm"]
+    assert "spawn: workers and spares fork from a zygote" in r.output
 
 
 def test_failover_across_node_agents(reference):
     """Two node agents (--local-nodes 2), each with its own device slots, talking to the
     coordinator over TCP: a rank on one node is taken over by the spare on the other, and the
-    re-provisioned spare goes where a slot is free."""
-    result = run_job(ARGS, inject=["kill:rank=1:step=12"], extra=["--local-nodes", "2"])
+    re-provisioned spare goes where a slot is free. The workers start as fresh interpreters
+    (--spawn exec), the other way to start them, so it stays tested end to end."""
+    result = run_job(ARGS, inject=["kill:rank=1:step=12"], extra=["--local-nodes", "2", "--spawn", "exec"])
     r = assert_recovered(result, reference, 1)
     nodes = r["nodes"]
     assert len(nodes) == 2 and all(len(n["devices"]) >= 2 for n in nodes.values())
@@ -86,6 +89,7 @@ def test_failover_across_node_agents(reference):
     assert r["failures"][0]["replacement"] == "w4" and where["w1"] != where["w4"], nodes   # crossed nodes
     assert where["w5"] == where["w1"]            # the new spare took the slot the dead rank freed
     assert f"RESUMED rank 1 -> w4 on {where['w4']}" in result.output
+    assert "spawn: each worker and spare starts as a fresh interpreter" in result.output
 
 
 def test_script_bug_is_not_failed_over_forever():
@@ -119,6 +123,7 @@ def test_same_script_runs_under_plain_torchrun_with_the_same_digest(reference, t
     (["--nproc", "2", "--inject", "kill:rank=5:step=1", "--", str(EXAMPLE)], "rank 5 does not exist"),
     (["--local-nodes", "0", "--", str(EXAMPLE)], "--local-nodes must be at least 1"),
     (["--nproc", "2", "--spares", "0", "--local-nodes", "3", "--", str(EXAMPLE)], "more than the 2 device slots"),
+    (["--spawn", "clone", "--", str(EXAMPLE)], "invalid choice: 'clone'"),
 ])
 def test_bad_input_gets_a_clear_error_and_exit_2(argv, message):
     proc = subprocess.run([sys.executable, "-m", "hotspare", "run", *argv], capture_output=True, text=True, timeout=60)
@@ -156,6 +161,9 @@ def _interrupt(marker: str, until, extra=(), inject=()) -> tuple[str, float]:
     assert "interrupted by the user" in out, output
     left = subprocess.run(["pgrep", "-f", f"--corpus-bytes {marker}"], capture_output=True, text=True).stdout
     assert left.strip() == "", left
+    zygote = subprocess.run(["pgrep", "-f", rf"zygote import serve; serve\([0-9]+, {proc.pid},"],
+                            capture_output=True, text=True).stdout
+    assert zygote.strip() == "", "the launcher's zygote outlived it"
     return output, took
 
 

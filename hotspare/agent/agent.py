@@ -22,10 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hotspare.agent.inject import Fault, Injector, parse
+from hotspare.agent.zygote import ForkedProc, Zygote, ZygoteError, forkable, preload_for
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol.channel import Channel, serve
 from hotspare.protocol.messages import make, validate
 
+SPAWN_METHODS = ("fork", "exec")
+REGISTER_S = 10.0         # a worker's hello waits at most this long for its spawn to be recorded
 DRAIN_S = 0.5             # at most this long, a worker's last messages go up before its exit
 
 
@@ -33,7 +36,7 @@ DRAIN_S = 0.5             # at most this long, a worker's last messages go up be
 class WorkerProc:
     worker: str
     role: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProc
     device: str | None = None
     channel: Channel | None = None
     exit_code: int | None = None
@@ -62,13 +65,24 @@ def describe_exit(code: int) -> str:
 class NodeAgent:
     def __init__(self, cmd: list[str], base_env: dict[str, str], coordinator: str, node: str | None = None,
                  host: str = "127.0.0.1", devices: list[str] | None = None,
-                 device_fault: Callable[[str, Fault], None] | None = None):
+                 device_fault: Callable[[str, Fault], None] | None = None, spawn: str = "fork"):
         """Start serving workers on ``host`` and connect to the coordinator at ``coordinator``
         (host:port). ``devices``: the node's device slots ("host/cpu0"...); the coordinator
         places each worker on one. ``device_fault(device, fault)`` carries out injected device
-        faults (simulated telemetry)."""
+        faults (simulated telemetry). ``spawn``: "fork" forks workers from a zygote that has
+        imported torch (``hotspare.agent.zygote``) where ``cmd`` allows, "exec" starts each as a
+        fresh interpreter."""
+        if spawn not in SPAWN_METHODS:
+            raise ConfigError(f"spawn method {spawn!r} unknown; use one of {', '.join(SPAWN_METHODS)}")
         self.cmd = cmd
         self.base_env = base_env
+        self.zygote: Zygote | None = None
+        if spawn == "fork" and forkable(cmd):
+            try:
+                self.zygote = Zygote(base_env, preload=preload_for(cmd[1]))
+            except ZygoteError as e:
+                print(f"hotspare agent: {e}; starting each worker as a fresh interpreter", file=sys.stderr,
+                      flush=True)
         self.node = node or socket.gethostname()
         self.devices = list(devices or [])
         self.device_fault = device_fault
@@ -79,6 +93,7 @@ class NodeAgent:
         self.host = host
         self.workers: dict[str, WorkerProc] = {}
         self._lock = threading.Lock()
+        self._registered = threading.Condition(self._lock)   # a worker is in self.workers
         self._closed = threading.Event()
         self._server = socket.create_server((host, 0))
         self.port = self._server.getsockname()[1]
@@ -167,16 +182,28 @@ class NodeAgent:
         # Each worker leads its own process group so a fence can kill its children too, and
         # dies with the agent (PR_SET_PDEATHSIG) so no orphan outlives its job.
         try:
-            proc = subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+            proc = self._start(env)
         except OSError as e:
             self._up("refused", command="spawn", message=f"cannot start {self.cmd[:2]}: {e}")
             self._up("exited", worker=worker, code=127)
             return
         wp = WorkerProc(worker, role, proc, device=device)
-        with self._lock:
+        with self._lock:        # "started" goes up before anything the worker says (see _serve)
             self.workers[worker] = wp
-        self._up("started", worker=worker, pid=proc.pid)
+            self._up("started", worker=worker, pid=proc.pid)
+            self._registered.notify_all()
         threading.Thread(target=self._wait, args=(wp,), name=f"wait-{worker}", daemon=True).start()
+
+    def _start(self, env: dict[str, str]) -> subprocess.Popen | ForkedProc:
+        if self.zygote is not None:
+            try:
+                return self.zygote.spawn(self.cmd, env)
+            except ZygoteError as e:         # the job goes on with fresh interpreters
+                print(f"hotspare agent: {e}; starting workers as fresh interpreters from now on",
+                      file=sys.stderr, flush=True)
+                self.zygote.close()
+                self.zygote = None
+        return subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
     def _wait(self, wp: WorkerProc) -> None:
         """Follow the worker as the kernel reports it, with no polling: a stop and a continue
@@ -238,6 +265,8 @@ class NodeAgent:
         self._closed.set()
         self._server.close()
         self.uplink.close()
+        if self.zygote is not None:
+            self.zygote.close()
 
     # ------------------------------------------------------------------ control channels
     def send(self, worker: str, msg: dict[str, Any]) -> bool:
@@ -284,6 +313,9 @@ class NodeAgent:
         wp = None
         try:
             hello = ch.recv()
+            if hello is not None and hello["type"] == "hello":   # a forked worker can say hello
+                with self._lock:                                 # before its spawn returned here
+                    self._registered.wait_for(lambda: hello["worker"] in self.workers, timeout=REGISTER_S)
             if hello is None or hello["type"] != "hello" or hello["worker"] not in self.workers:
                 raise ProtocolError(f"expected a hello from a worker of this agent, got {hello}")
             wp = self.workers[hello["worker"]]

@@ -105,6 +105,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run K node agents on this host, each holding its share of the device slots, as K "
                         "hosts would: placement, spares and failover then cross agents over the same "
                         "protocol a multi-host job uses (default: 1)")
+    p.add_argument("--spawn", choices=("fork", "exec"), default="fork",
+                   help="how workers and spares start: fork them from a zygote process that has already "
+                        "imported torch (milliseconds each instead of seconds; they are still separate "
+                        "processes, each its own session), or exec a fresh interpreter for each "
+                        "(default: fork)")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of the rendezvous store (default: 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=0,
                    help="port of the rendezvous store (default: 0, a free port)")
@@ -219,6 +224,9 @@ def run(args: argparse.Namespace) -> int:
     agents = _agents(args, env, endpoint.address, health.devices if health else None,
                      _device_fault(source, log) if source is not None else None)
     log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
+    forked = all(agent.zygote is not None for agent in agents)
+    log("spawn: workers and spares fork from a zygote that imported torch once (--spawn exec: fresh "
+        "interpreters)" if forked else "spawn: each worker and spare starts as a fresh interpreter")
     from hotspare.coordinator.control import ControlServer
     control = ControlServer(events, describe={"script": args.script, "nproc": args.nproc})
     log(f"control: {control.address} (hotspare inject SPEC sends a fault to this job)")
@@ -279,7 +287,7 @@ def _agents(args, env: dict[str, str], coordinator: str, devices: list[str] | No
             if share:
                 node_env["LOCAL_WORLD_SIZE"] = str(len(share))
         agents.append(NodeAgent(cmd, node_env, coordinator=coordinator, node=host if k == 1 else f"{host}-{i}",
-                                devices=share, device_fault=device_fault))
+                                devices=share, device_fault=device_fault, spawn=args.spawn))
     return agents
 
 
