@@ -148,23 +148,35 @@ def _interrupt(marker: str, until, extra=(), inject=()) -> tuple[str, float]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if until(line):
-            break
-    proc.send_signal(signal.SIGINT)
-    t0 = time.time()
-    out, _ = proc.communicate(timeout=60)
-    took = time.time() - t0
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if until(line):
+                break
+        running = _pgrep(f"--corpus-bytes {marker}")
+        assert len(running) >= 3, running      # the launcher and its workers: the check below would see them
+        proc.send_signal(signal.SIGINT)
+        t0 = time.time()
+        out, _ = proc.communicate(timeout=60)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:                # a failed check leaves no job running (its workers die with it)
+            proc.kill()
+            proc.wait()
     output = "".join(lines) + out
     assert proc.returncode == 130, output
     assert "interrupted by the user" in out, output
-    left = subprocess.run(["pgrep", "-f", f"--corpus-bytes {marker}"], capture_output=True, text=True).stdout
-    assert left.strip() == "", left
-    zygote = subprocess.run(["pgrep", "-f", rf"zygote import serve; serve\([0-9]+, {proc.pid},"],
-                            capture_output=True, text=True).stdout
-    assert zygote.strip() == "", "the launcher's zygote outlived it"
+    left = _pgrep(f"--corpus-bytes {marker}")
+    assert left == [], left
+    assert _pgrep(rf"zygote import serve; serve\([0-9]+, {proc.pid},") == [], "the launcher's zygote outlived it"
     return output, took
+
+
+def _pgrep(pattern: str) -> list[str]:
+    """The pids whose command line matches (``--``: a pattern may start with a dash)."""
+    found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
+    assert found.returncode in (0, 1), found.stderr
+    return found.stdout.split()
 
 
 def test_ctrl_c_stops_the_job_at_once_and_leaves_no_worker_behind():

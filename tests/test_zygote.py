@@ -64,6 +64,21 @@ def test_exit_status_threads_and_the_traceback_of_an_uncaught_exception(capfd, t
     zygote.close()
 
 
+def test_ps_pgrep_and_proc_show_the_worker_not_the_zygote(zygote, tmp_path):
+    proc, out = spawn(zygote, tmp_path, "sleep", env={**ENV, "RANK": "2", "PROBE": "shown"})
+    while not out.exists():
+        time.sleep(0.01)
+    cmdline = open(f"/proc/{proc.pid}/cmdline", "rb").read().rstrip(b"\0").split(b"\0")
+    assert cmdline == [os.fsencode(a) for a in (sys.executable, PROBE, str(out), "sleep")]
+    environ = [e for e in open(f"/proc/{proc.pid}/environ", "rb").read().split(b"\0") if e]
+    assert b"RANK=2" in environ and b"PROBE=shown" in environ
+    assert not any(e.startswith(b"HOTSPARE_ZYGOTE_PAD=") for e in environ)
+    found = subprocess.run(["pgrep", "-f", f"zygote_probe.py {out} sleep"], capture_output=True, text=True)
+    assert found.stdout.split() == [str(proc.pid)]
+    os.kill(proc.pid, signal.SIGKILL)
+    assert wait(proc.pid) == -signal.SIGKILL
+
+
 def test_the_agent_sees_its_stops_and_its_death_by_signal(zygote, tmp_path):
     proc, out = spawn(zygote, tmp_path, "sleep")
     while not out.exists():

@@ -41,6 +41,8 @@ from hotspare.errors import HotspareError
 # environment, rank, device): a worker imports its own modules itself.
 TORCH_PRELOAD = ("torch", "torch.nn", "torch.optim", "torch.distributed", "torch.nn.parallel",
                  "torch._dynamo", "numpy", "hotspare.runtime")
+PAD = 8192                 # room kept in the zygote's command line and environment for each worker's own
+PAD_VAR = "HOTSPARE_ZYGOTE_PAD"
 READY_TIMEOUT_S = 120.0    # the zygote's own imports (seconds; minutes on a very loaded machine)
 FORK_TIMEOUT_S = 20.0      # one fork, once it is ready
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
@@ -106,9 +108,11 @@ class Zygote:
         ours, theirs = socket.socketpair()
         serve = (f"from hotspare.agent.zygote import serve; "
                  f"serve({theirs.fileno()}, {os.getpid()}, {json.dumps(list(preload))})")
-        self._proc = subprocess.Popen([sys.executable, "-c", serve],
-                                      env=env, pass_fds=[theirs.fileno()], start_new_session=True,
-                                      stdin=subprocess.DEVNULL)
+        # The padding (last in each) is where a worker writes its own command line and
+        # environment, so that ps, pgrep and /proc show each worker as `python SCRIPT ARGS`.
+        self._proc = subprocess.Popen([sys.executable, "-c", serve, "#" * PAD],
+                                      env={**env, PAD_VAR: "#" * PAD}, pass_fds=[theirs.fileno()],
+                                      start_new_session=True, stdin=subprocess.DEVNULL)
         theirs.close()
         self._sock = ours
         self._reader = ours.makefile("r", encoding="utf-8")
@@ -158,6 +162,12 @@ def serve(fd: int, agent: int, preload: list[str]) -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)     # the zygote dies with its agent
     if os.getppid() != agent:                    # ... which died before that
         return
+    # From here on the C library's environment lives on the heap (setenv copies), so nothing
+    # refers to the process's original environment strings, which each worker overwrites.
+    os.environ.pop(PAD_VAR, None)
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(saved)
     # Should anything ask whether CUDA is there while importing, NVML answers: a CUDA runtime
     # initialised before a fork is unusable in the forked process.
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
@@ -218,6 +228,7 @@ def _become_worker(request: dict, zygote_fd: int) -> None:
             os._exit(1)
         os.environ.clear()
         os.environ.update(request["env"])
+        _show_as(request["argv"], request["env"])
         os.chdir(request["cwd"])
         code = _run_script(request["argv"][1], request["argv"][2:])
     except BaseException:  # noqa: BLE001 - a worker never returns into the zygote's loop
@@ -229,6 +240,28 @@ def _become_worker(request: dict, zygote_fd: int) -> None:
     finally:
         _flush()
         os._exit(code)
+
+
+def _show_as(argv: list[str], env: dict[str, str]) -> None:
+    """Write this worker's command line and environment over the zygote's (where the kernel
+    shows them: /proc/self/cmdline, /proc/self/environ), as setproctitle does, so tools that find
+    a process by its command line (pgrep -f) or a rank by its environment see the worker. Only
+    if the regions are where /proc says; argv[0] is the same interpreter, so it stays as it was."""
+    import ctypes
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])   # fields 48-51
+        regions = ((arg_start, arg_end, "/proc/self/cmdline", [a.encode() for a in argv]),
+                   (env_start, env_end, "/proc/self/environ", [f"{k}={v}".encode() for k, v in env.items()]))
+        for start, end, path, items in regions:
+            with open(path, "rb") as f:
+                if ctypes.string_at(start, end - start) != f.read():
+                    return
+            data = b"\0".join(items)[:end - start - 1]
+            ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
+    except (OSError, ValueError, IndexError, UnicodeEncodeError):
+        return
 
 
 def _run_script(script: str, args: list[str]) -> int:
