@@ -126,6 +126,7 @@ class Zygote:
             if self._proc.poll() is not None:
                 raise ZygoteError(f"the zygote exited with code {self._proc.returncode}")
             self._sock.settimeout(FORK_TIMEOUT_S if self._ready else READY_TIMEOUT_S)
+            why = "the zygote closed its socket"
             try:
                 self._sock.sendall((json.dumps(request) + "\n").encode())
                 line = self._reader.readline()
