@@ -1,6 +1,7 @@
 """The node agent: spawns and supervises worker and spare processes on one host.
 
-It owns the processes (so it sees an exit the moment it happens), the control connections of
+It owns the processes (so it sees an exit the moment it happens; they fork from its zygote,
+``hotspare.agent.zygote``, or start as fresh interpreters), the control connections of
 its workers (JSON lines over TCP, see ``hotspare.protocol``), and fault injection (real signals).
 It talks to the coordinator over one more such connection, which it opens itself: what it sees
 (a worker started, exited, said something, a fault fired) goes up as a message; the
@@ -77,12 +78,6 @@ class NodeAgent:
         self.cmd = cmd
         self.base_env = base_env
         self.zygote: Zygote | None = None
-        if spawn == "fork" and forkable(cmd):
-            try:
-                self.zygote = Zygote(base_env, preload=preload_for(cmd[1]))
-            except ZygoteError as e:
-                print(f"hotspare agent: {e}; starting each worker as a fresh interpreter", file=sys.stderr,
-                      flush=True)
         self.node = node or socket.gethostname()
         self.devices = list(devices or [])
         self.device_fault = device_fault
@@ -100,6 +95,12 @@ class NodeAgent:
         serve(self._server, self._serve, "agent-accept")
         chost, cport = coordinator.rsplit(":", 1)
         self.uplink = Channel.connect(chost, int(cport))
+        if spawn == "fork" and forkable(cmd):    # it imports in the background until the first spawn
+            try:
+                self.zygote = Zygote(base_env, preload=preload_for(cmd[1]))
+            except ZygoteError as e:
+                print(f"hotspare agent: {e}; starting each worker as a fresh interpreter", file=sys.stderr,
+                      flush=True)
         self._up("agent_hello", node=self.node, pid=os.getpid(), devices=self.devices,
                  device_faults=device_fault is not None)
         threading.Thread(target=self._commands, name="agent-commands", daemon=True).start()
