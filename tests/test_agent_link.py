@@ -288,7 +288,6 @@ def test_a_second_agent_with_a_taken_name_is_refused_and_the_first_goes_on(link)
     assert not any("link to its agent closed" in line for line in lines), lines
 
 
-
 def test_a_lost_zygote_leaves_the_agent_starting_fresh_interpreters(fork_link):
     events, _, nodes, connect = fork_link
     agent = connect("n0", devices=["n0/cpu0", "n0/cpu1"])
