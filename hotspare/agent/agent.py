@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hotspare.agent.inject import Fault, Injector, parse
-from hotspare.agent.zygote import ForkedProc, Zygote, ZygoteError, forkable, preload_for
+from hotspare.agent.zygote import (ForkedProc, Zygote, ZygoteError, die_with_parent, forkable,
+                                   preload_for)
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol.channel import Channel, serve
 from hotspare.protocol.messages import make, validate
@@ -44,14 +45,6 @@ class WorkerProc:
     stopped: bool = False
     drained: threading.Event = field(default_factory=threading.Event)   # its channel reached EOF
     reaped: threading.Event = field(default_factory=threading.Event)    # the process is gone
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: workers then end when their control connection closes
-        pass
 
 
 def describe_exit(code: int) -> str:
@@ -204,7 +197,7 @@ class NodeAgent:
                       file=sys.stderr, flush=True)
                 self.zygote.close()
                 self.zygote = None
-        return subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        return subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
 
     def _wait(self, wp: WorkerProc) -> None:
         """Follow the worker as the kernel reports it, with no polling: a stop and a continue

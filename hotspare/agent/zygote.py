@@ -60,6 +60,12 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
+def die_with_parent() -> bool:
+    """SIGKILL this process when its parent dies (PR_SET_PDEATHSIG); False where it cannot (not
+    Linux: workers then end when their control connection closes)."""
+    return _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def forkable(cmd: list[str]) -> bool:
     """Can a zygote run ``cmd``? Only ``[this python, a .py file, args...]``, on Linux."""
     return (sys.platform.startswith("linux") and len(cmd) >= 2 and cmd[0] == sys.executable
@@ -72,7 +78,8 @@ def preload_for(script: str) -> tuple[str, ...]:
     gain only the interpreter's start)."""
     import ast
     try:
-        tree = ast.parse(open(script, "rb").read(), script)
+        with open(script, "rb") as f:
+            tree = ast.parse(f.read(), script)
     except (OSError, SyntaxError, ValueError):
         return ()
     for node in tree.body:
@@ -88,8 +95,8 @@ class ForkedProc:
     """A worker forked by the zygote, as the agent sees it: the ``pid`` and ``returncode`` of a
     ``subprocess.Popen`` (the agent reaps it itself with ``os.waitpid``)."""
 
-    def __init__(self, pid: int, args: list[str]):
-        self.pid, self.args, self.returncode = pid, args, None
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
 
     def __repr__(self) -> str:
         return f"ForkedProc(pid={self.pid}, returncode={self.returncode})"
@@ -143,7 +150,7 @@ class Zygote:
         reply = json.loads(line)
         if "error" in reply:
             raise ZygoteError(reply["error"])
-        return ForkedProc(int(reply["pid"]), list(argv))
+        return ForkedProc(int(reply["pid"]))
 
     def close(self) -> None:
         """End the zygote (its workers go on: they are the agent's children)."""
@@ -160,7 +167,7 @@ class Zygote:
 def serve(fd: int, agent: int, preload: list[str]) -> None:
     """The zygote's loop: import ``preload``, then fork a worker for each request on socket ``fd``."""
     sock = socket.socket(fileno=fd)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)     # the zygote dies with its agent
+    die_with_parent()                            # the zygote dies with its agent
     if os.getppid() != agent:                    # ... which died before that
         return
     # From here on the C library's environment lives on the heap (setenv copies), so nothing
@@ -224,7 +231,7 @@ def _become_worker(request: dict, zygote_fd: int) -> None:
             if time.time() > deadline:
                 os._exit(1)
             time.sleep(0.0005)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        die_with_parent()
         if os.getppid() != request["parent"]:             # the agent died just now
             os._exit(1)
         os.environ.clear()
