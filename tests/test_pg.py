@@ -87,6 +87,12 @@ class _HookJob:
     def _take_vote(self):
         return None
 
+    def begin_gather(self):
+        pass
+
+    def finish_gather(self):
+        pass
+
 
 def _bucketed_ddp():
     torch.manual_seed(0)

@@ -197,7 +197,10 @@ class NodeAgent:
                       file=sys.stderr, flush=True)
                 self.zygote.close()
                 self.zygote = None
-        return subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+        # A Python script runs as a forked one would (agent/runscript.py): atexit, then os._exit.
+        cmd = ([self.cmd[0], "-m", "hotspare.agent.runscript", *self.cmd[1:]] if forkable(self.cmd)
+               else self.cmd)
+        return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
 
     def _wait(self, wp: WorkerProc) -> None:
         """Follow the worker as the kernel reports it, with no polling: a stop and a continue

@@ -238,7 +238,7 @@ def _become_worker(request: dict, zygote_fd: int) -> None:
         os.environ.update(request["env"])
         _show_as(request["argv"], request["env"])
         os.chdir(request["cwd"])
-        code = _run_script(request["argv"][1], request["argv"][2:])
+        code = run_script(request["argv"][1], request["argv"][2:])
     except BaseException:  # noqa: BLE001 - a worker never returns into the zygote's loop
         try:
             import traceback
@@ -246,7 +246,7 @@ def _become_worker(request: dict, zygote_fd: int) -> None:
         finally:
             code = 1
     finally:
-        _flush()
+        flush()
         os._exit(code)
 
 
@@ -272,7 +272,7 @@ def _show_as(argv: list[str], env: dict[str, str]) -> None:
         return
 
 
-def _run_script(script: str, args: list[str]) -> int:
+def run_script(script: str, args: list[str]) -> int:
     """What ``python SCRIPT ARGS`` does, in this already-started interpreter; its exit status."""
     import runpy
 
@@ -298,7 +298,7 @@ def _run_script(script: str, args: list[str]) -> int:
             t.join()
     atexit._run_exitfuncs()
     if code == -signal.SIGINT:              # as CPython does: die by the signal
-        _flush()
+        flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         code = 130
@@ -314,7 +314,7 @@ def _exit_status(code) -> int:
     return 1
 
 
-def _flush() -> None:
+def flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -306,6 +306,8 @@ class Coordinator:
             return policy.Checkpointed(msg["step"], msg["path"])
         if kind == "done":
             self.ledger.digests[msg["rank"]] = msg["digest"]
+            if isinstance(msg.get("rank_digest"), str):
+                self.ledger.rank_digests[msg["rank"]] = msg["rank_digest"]
             return policy.Done(worker, msg["rank"], msg["gen"], msg["step"], msg["digest"])
         raise ProtocolError(f"unexpected {kind!r} from a worker")
 
@@ -372,8 +374,17 @@ class Coordinator:
     # ------------------------------------------------------------------ bookkeeping
     def _on_commit(self, msg: dict[str, Any], t: float) -> None:
         rank, step = msg["rank"], msg["step"]
-        if self.ledger.total_steps is None and isinstance(msg.get("total"), int):
-            self.ledger.total_steps = msg["total"]
+        total = msg.get("total")
+        if self.ledger.total_steps is None and isinstance(total, int):
+            self.ledger.total_steps = total
+        elif isinstance(total, int) and total != self.ledger.total_steps and self.view.phase != "stopped":
+            # Ranks that disagree on job.steps(total) would wait for each other forever at the end.
+            stop = policy.Stop(1, f"ranks disagree on job.steps(total): rank {rank} runs {total} steps, "
+                                  f"the job {self.ledger.total_steps}. Every rank must pass the same total "
+                                  "(a value computed from the rank or world size before init() differs on a spare)")
+            self._execute(stop, stop.message, t)
+            policy.apply(self.view, stop)
+            return
         self.progress_at = max(self.progress_at, t)
         self.committed_in_gen = True
         check, fp, check_cpu = (msg.get(k) if isinstance(msg.get(k), (int, float)) else None

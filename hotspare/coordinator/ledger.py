@@ -108,7 +108,8 @@ class Ledger:
     fingerprint_times: list[float] = field(default_factory=list)   # ... of which the fingerprint
     failures: list[FailureRecord] = field(default_factory=list)
     open: list[FailureRecord] = field(default_factory=list)        # awaiting their first commit
-    digests: dict[int, str] = field(default_factory=dict)
+    digests: dict[int, str] = field(default_factory=dict)        # rank -> its replicated state's digest
+    rank_digests: dict[int, str] = field(default_factory=dict)   # rank -> its per-rank state's digest
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     migrations: list[MigrationRecord] = field(default_factory=list)
     health_events: list[dict[str, Any]] = field(default_factory=list)
@@ -171,6 +172,9 @@ class Ledger:
             "final_state_digest": next(iter(digests)) if len(digests) == 1 else None,
             "replica_digests": {str(r): d for r, d in sorted(self.digests.items())},
             "replicas_consistent": len(digests) <= 1,
+            # per-rank state (generators, module buffers, data position): differs between ranks by design;
+            # compare each rank's with the same rank's in a run without failures
+            "rank_digests": {str(r): d for r, d in sorted(self.rank_digests.items())},
             "migrations": [m.to_dict() for m in self.migrations],
             "migrations_total": sum(m.outcome == "migrated" for m in self.migrations),
             "health_events": self.health_events,

@@ -162,6 +162,10 @@ class GenerationGroup:
         own call, without torch.distributed's per-call Python checks (the gradient buckets)."""
         return self._pg.allreduce([tensor], self._sum)
 
+    def all_gather(self, out: torch.Tensor, tensor: torch.Tensor) -> dist.Work:
+        """Start gathering every rank's ``tensor`` (all the same size) into ``out``, rank by rank."""
+        return self._pg._allgather_base(out, tensor)
+
     @property
     def store(self) -> dist.Store:
         return self._store

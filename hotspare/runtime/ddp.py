@@ -56,6 +56,8 @@ def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against rea
         outcome = PeerFailure(f"generation {job.generation} was aborted")
     else:
         try:
+            if bucket.index() == 0:
+                job.begin_gather()       # every rank's per-rank state, gathered beside the buckets
             # Scale by 1/world (DDP's own arithmetic, so the result is bitwise equal to plain
             # DDP's with the same layout) and note this rank's own NaN/Inf, in one pass.
             job._scale_and_inspect(buf)
@@ -90,6 +92,11 @@ def _complete(job: "Job") -> None:
             job._note_comm_error(e)
             error = e
             break
+    if error is None:
+        try:
+            job.finish_gather()
+        except Exception as e:
+            error = e
     if error is None and vote is not None:
         try:
             job._judge(vote.wait()[0])  # raises HealthFault when the vote goes against this step
@@ -107,9 +114,15 @@ def _complete(job: "Job") -> None:
 
 
 def _broadcast_buffers_hook(job: "Job"):
-    def hook(module: torch.nn.Module, _inputs: Any) -> None:
+    """DDP's buffer broadcast from rank 0, on the generation's group, exactly where plain DDP
+    does it: at the start of ``DDP.forward`` (not the inner module's: an evaluation on
+    ``model.module``, on rank 0 alone, issues no collective), and only when the previous forward
+    was one whose gradients are synchronised (not under ``no_sync`` or ``torch.no_grad``)."""
+    def hook(ddp: DDP, _inputs: Any) -> None:
+        if not ddp.require_forward_param_sync:
+            return
         job._check_generation()
-        for b in module.buffers():
+        for b in ddp.module.buffers():
             dist.broadcast(b, src=0)
     return hook
 
@@ -130,7 +143,7 @@ def wrap_ddp(module: torch.nn.Module, job: "Job", **kwargs: Any) -> DDP:
     ddp.register_comm_hook(job, _allreduce_hook)
     if sync_buffers is not False and any(True for _ in module.buffers()):
         # DDP's own buffer broadcast would run on its one-rank group; do it on the generation's.
-        module.register_forward_pre_hook(_broadcast_buffers_hook(job))
+        ddp.register_forward_pre_hook(_broadcast_buffers_hook(job))
     return ddp
 
 

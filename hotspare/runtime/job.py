@@ -25,8 +25,8 @@ torch.distributed and DDP, so scripts can adopt hotspare gradually.
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -44,7 +45,9 @@ from hotspare.errors import ConfigError, JobFailed, PeerFailure, ProtocolError, 
 from hotspare.pg import GenerationGroup
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
+from hotspare.runtime.loader import ResumableLoader
 from hotspare.runtime.persist import Persister
+from hotspare.runtime.rankstate import GradState, RankState
 from hotspare.runtime.state import StateRegistry
 from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, nonfinite_verdict, row, scale_and_check, tally, word_views
 from hotspare.transfer import broadcast_state
@@ -57,6 +60,12 @@ ENV_FINGERPRINT_EVERY = "HOTSPARE_FINGERPRINT_EVERY"   # steps between health vo
 GO_TIMEOUT_S = 10.0                     # longest wait for the agent at a fault trigger
 COMMITS_HELD, COMMITS_HELD_S = 8, 5.0   # a rank > 0 batches its commit reports (see _report_commit)
 DEFAULT_VOTE_EVERY = 10   # steps between health votes; see runtime/vote.py for the trade-off
+PLAIN_LOG_EVERY_S = 10.0  # outside hotspare run, job.log prints at most this often (and the last step)
+
+
+class StateTrackingError(RuntimeError):
+    """A replacement's state differed from its peers' right after it received it: the script
+    keeps state hotspare was not told about (job.track). A bug in the script, not the hardware."""
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
 _COMM_MARKERS = ("gloo/transport", "nccl", "connection reset", "connection closed",
@@ -81,6 +90,27 @@ class Step(int):
         return self._job._exit_step(int(self), ev)
 
 
+class _NextStep:
+    """``with job.step():`` -- the next step, for loops the script drives itself (over a
+    ``job.loader``). A failure inside is recovered before the block is left: the loop's next
+    batch is the failed step's batch again, and the next ``job.step()`` re-runs the step."""
+
+    def __init__(self, job: "Job"):
+        self._job = job
+        self._step: int | None = None
+
+    def __enter__(self) -> int:
+        self._step = self._job._begin_context_step()
+        self._job._enter_step(self._step)
+        return self._step
+
+    def __exit__(self, et, ev, tb) -> bool:
+        swallowed = self._job._exit_step(self._step, ev)
+        if swallowed:
+            self._job._recover_now()
+        return swallowed
+
+
 class Job:
     """Rank, world size, tracked state and the step loop of one training process."""
 
@@ -100,10 +130,12 @@ class Job:
         self._comm_error: str | None = None
         self._group: GenerationGroup | None = None
         self._pending_sync: dict[str, Any] | None = None
+        self._failed_step: int | None = None   # the step whose failure is being recovered
+        self._staged: tuple[dict[str, Any], list[torch.Tensor], torch.Tensor | None] | None = None
         self._inbox: "queue.Queue[dict[str, Any]]" = queue.Queue()
         self._channel: Channel | None = None
         self._store: dist.Store | None = None
-        self._total = 0
+        self._total: int | None = None        # job.steps(total); None under job.epochs / job.step
         self._ddps: list[torch.nn.Module] = []
         self.step_times: list[float] = []   # seconds per committed step on this rank
         self._reducing_step: int | None = None
@@ -128,10 +160,26 @@ class Job:
         self._nan_pending = False
         self._check_s = self._check_cpu = self._fp_s = 0.0
         self._voting: tuple[int, bool] = (-1, False)   # (step, with fingerprint) of the vote in flight
+        # Per-rank state (runtime/rankstate.py): captured as each step begins (a re-run restores
+        # it), gathered from every rank while the gradients are reduced (a replacement receives
+        # its predecessor's row).
+        self.rankstate = RankState()
+        self.grads = GradState()
+        self.loaders: list[ResumableLoader] = []
+        self.epoch: int | None = None          # the epoch under job.epochs()
+        self._entry: tuple[torch.Tensor, list[int]] | None = None
+        self._entry_buf: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None  # every rank's per-rank state of step _rows_step
+        self._rows_step = -1
+        self._rows_prev: tuple[int, torch.Tensor | None] = (-1, None)
+        self._gather: tuple[Any, torch.Tensor, torch.Tensor] | None = None   # (work, rows, own row) in flight
+        self._gathered_step = -1               # the step whose gather finished on this rank
+        self._verify_at = -1                   # the step whose vote checks a state transfer
+        self._checked_tracking = False
+        self._last_print = 0.0
 
     # ------------------------------------------------------------------ set-up
     def _init(self) -> None:
-        _install_clean_exit()
         if not self.managed:
             self._init_plain()
             return
@@ -146,11 +194,17 @@ class Job:
         if self.role == "active":
             self.rank = int(os.environ["RANK"])
             self.world_size = int(os.environ["WORLD_SIZE"])
-            self._channel.send(make("ready", worker=self.worker, committed=self.committed))
-            msg = self._await_generation()
-            if msg is None:
-                raise JobFailed("the coordinator released this worker before the job started")
-            self._join(msg)
+        # A spare waits here until it takes a rank: the script's code after init() runs only
+        # with the rank, world size and process group it trains with, as under torchrun.
+        self._channel.send(make("ready", worker=self.worker, committed=self.committed))
+        msg = self._await_generation()
+        if msg is None:
+            if self.role == "spare":      # released unused: the job is done without us
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
+            raise JobFailed("the coordinator released this worker before the job started")
+        self._join_until_ok(msg)
 
     def _init_plain(self) -> None:
         if not dist.is_initialized():
@@ -170,16 +224,37 @@ class Job:
         return ddp
 
     def track(self, **objects: Any) -> None:
-        """Register what a replacement must receive: ``job.track(model=m, optimizer=opt)``.
+        """Register what a replacement must receive: ``job.track(model=m, optimizer=opt,
+        scheduler=sched, scaler=scaler)``. Anything with ``state_dict()``/``load_state_dict()``
+        is replicated state (the same on every rank); a ``torch.Generator`` is per-rank state
+        (each rank's own stream, replicated to its peers at every step). A model's buffers are
+        per-rank too: under DDP each rank's BatchNorm statistics are its own.
 
         The same state goes into persistent checkpoints when the launcher asks for them."""
         if not objects:
             raise ConfigError("job.track() needs at least one name=object, e.g. job.track(model=model, optimizer=opt)")
         for name, obj in objects.items():
+            if isinstance(obj, torch.Generator):
+                self.rankstate.add_generator(name, obj)
+                continue
             self.registry.add(name, obj)
+            module = self.registry.objects()[name]
+            if isinstance(module, torch.nn.Module):
+                self.rankstate.add_module(name, module)
+                self.grads.add(module.parameters())
             if isinstance(obj, torch.optim.Optimizer):
+                self.grads.add(p for group in obj.param_groups for p in group["params"])
                 obj.register_step_pre_hook(self._before_optimizer_step)
                 obj.register_step_post_hook(self._on_optimizer_step)
+
+    def loader(self, loader: Any, name: str | None = None) -> ResumableLoader:
+        """Wrap a ``DataLoader`` (with a ``DistributedSampler``, workers, collate, transforms) so
+        that a failover resumes it exactly: a re-run step gets its batches again, a replacement
+        continues its predecessor's stream. See runtime/loader.py."""
+        wrapped = ResumableLoader(self, loader, name or f"loader{len(self.loaders)}")
+        self.loaders.append(wrapped)
+        self.rankstate.add_part(wrapped)
+        return wrapped
 
     def log(self, **metrics: float) -> None:
         """Attach metrics (e.g. ``loss=loss.item()``) to this step's progress report."""
@@ -187,25 +262,38 @@ class Job:
             v = float(v)
             self._metrics[k] = v if math.isfinite(v) else str(v)   # JSON has no NaN
 
+    def epochs(self, total: int) -> Iterator[int]:
+        """``for epoch in job.epochs(n)``: the epochs still to run. A replacement starts at its
+        predecessor's epoch (from its ``job.loader`` positions), so code between epochs (an
+        evaluation, a per-epoch scheduler step) runs once per epoch on every rank, failover or not."""
+        if not isinstance(total, int) or total < 0:
+            raise ConfigError(f"job.epochs(total) needs a non-negative int, got {total!r}")
+        self._require_tracked("job.epochs()")
+        self.ensure_synced()
+        start = max((l.next_epoch() for l in self.loaders), default=0)
+        for epoch in range(start, total):
+            self.epoch = epoch
+            yield epoch
+        self.epoch = None
+        self._finish_all()
+
+    def step(self) -> _NextStep:
+        """``with job.step():`` guards the next step of a loop the script drives itself, e.g.
+        ``for x, y in loader: with job.step(): ...``; the block's value is the step number."""
+        self._require_tracked("job.step()")
+        return _NextStep(self)
+
     def steps(self, total: int) -> Iterator[Step]:
-        """Yield the steps still to run, ``committed + 1 .. total - 1``, recovering as needed."""
+        """Yield the steps still to run, ``committed + 1 .. total - 1``, recovering as needed.
+        Every rank must pass the same ``total``."""
         if not isinstance(total, int) or total < 0:
             raise ConfigError(f"job.steps(total) needs a non-negative int, got {total!r}")
-        if not self.registry:
-            raise ConfigError("call job.track(model=..., optimizer=...) before job.steps(): "
-                              "hotspare must know which state a spare receives")
+        self._require_tracked("job.steps()")
         self._total = total
         if not self.managed:
             yield from self._plain_steps(total)
             return
-        if self.role == "spare" and self._group is None:
-            self._channel.send(make("ready", worker=self.worker, committed=self.committed))
-            msg = self._await_generation()
-            if msg is None:          # released unused: the job finished without needing us
-                return
-            self._join_until_ok(msg)
-        if self._pending_sync is not None:
-            self._guarded(self._sync_state, self._pending_sync)
+        self.ensure_synced()
         while True:
             if self._failure is not None:
                 self._recover()
@@ -220,16 +308,75 @@ class Job:
                 continue
             yield Step(self, step)
 
+    def _require_tracked(self, what: str) -> None:
+        if not self.registry:
+            raise ConfigError(f"call job.track(model=..., optimizer=...) before {what}: "
+                              "hotspare must know which state a spare receives")
+
+    def ensure_synced(self) -> None:
+        """Before the first step: take the state this rank was given when it joined (deferred
+        until the script has built and tracked its objects), and check what is tracked."""
+        if not self.managed:
+            return
+        if not self._checked_tracking:
+            self._checked_tracking = True
+            self._check_tracking()
+        if self._staged is not None:
+            self._guarded(self._apply_staged)
+        if self._pending_sync is not None:
+            self._guarded(self._sync_state, self._pending_sync)
+        while self._failure is not None:
+            self._recover()
+
+    def _check_tracking(self) -> None:
+        """State hotspare must know about but was not told of: a clear error now, instead of a
+        replacement that silently differs (and a health vote that blames the hardware)."""
+        tracked = {id(o) for o in self.registry.objects().values()}
+        optimizers = [o for o in self.registry.objects().values() if isinstance(o, torch.optim.Optimizer)]
+        kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        for opt in optimizers:
+            for ref in gc.get_referrers(opt):
+                if isinstance(ref, kinds) and id(ref) not in tracked:
+                    raise ConfigError(f"a {type(ref).__name__} on the tracked optimizer is not tracked: a "
+                                      "replacement would restart it; add it: job.track(scheduler=...)")
+        scaler_type = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        with warnings.catch_warnings():     # isinstance() on deprecated torch objects warns
+            warnings.simplefilter("ignore")
+            scalers = [o for o in gc.get_objects() if isinstance(o, scaler_type)] if scaler_type else []
+        for obj in scalers:
+            if obj.is_enabled() and id(obj) not in tracked:
+                raise ConfigError("an enabled GradScaler is not tracked: a replacement would restart its "
+                                  "loss scale; add it: job.track(scaler=...)")
+
     def _plain_steps(self, total: int) -> Iterator[Step]:
+        if self.world_size > 1:     # every rank must run the same steps (a mismatch hangs DDP)
+            totals = torch.tensor([total, -total], dtype=torch.int64)
+            dist.all_reduce(totals, op=dist.ReduceOp.MAX)
+            if int(totals[0]) != -int(totals[1]):
+                raise ConfigError(f"ranks disagree on job.steps(total): this rank has {total}, "
+                                  f"others between {-int(totals[1])} and {int(totals[0])}")
         for step in range(self.committed + 1, total):
             yield Step(self, step)
-        if self.world_size > 1:
+        self._finish_all()
+
+    def _finish_all(self) -> None:
+        """The last step is done: report it (managed), or wait for every rank (plain)."""
+        if self.managed:
+            while not self._finish():
+                pass
+        elif self.world_size > 1:
             dist.barrier()
 
     @property
     def digest(self) -> str:
-        """sha256 of every tracked tensor in a canonical order (equal on all replicas)."""
-        return self.registry.digest()
+        """sha256 of the replicated state (every tracked tensor but the modules' buffers, and
+        the JSON metadata) in a canonical order: the same on every healthy replica."""
+        return self.registry.digest(per_rank=self.rankstate.buffer_names())
+
+    @property
+    def rank_digest(self) -> str:
+        """sha256 of this rank's per-rank state (generators, buffers, data position)."""
+        return self.rankstate.digest(self.rankstate.capture())
 
     # ------------------------------------------------------------------ step protocol
     def _enter_step(self, step: int) -> None:
@@ -246,6 +393,10 @@ class Job:
         if self.managed:
             if self._watched:    # a fault is armed somewhere: the agent triggers it on step boundaries
                 self._trigger("step", gen=self.generation, rank=self.rank, step=step, total=self._total)
+            # The state a re-run of this step starts from (grads: which are None, which zero).
+            self._entry_buf = self.rankstate.capture(self._entry_buf)
+            self._entry = (step, self._entry_buf, self.grads.mask())
+            self._gather = None
             self._start_vote(step)
 
     def _on_optimizer_step(self, *_: Any) -> None:
@@ -257,8 +408,13 @@ class Job:
         if ev is None and self._vote is not None:
             ev = self._settle_vote()     # a step without a DDP backward: judge its vote here
         self._vote = None
+        if ev is None and self.managed:
+            ev = self._settle_rows(step)
         if ev is None:
             self.committed = self._applied = step
+            self._entry = None
+            for loader in self.loaders:
+                loader.committed()
             now = time.perf_counter()
             dt = now - self._step_t0
             self.step_times.append(dt)
@@ -270,7 +426,9 @@ class Job:
                                          fp=self._fp_s))
                 if self.rank == 0:
                     self._persist.after_commit(step)      # a finished write reports itself
-            elif self.rank == 0 and self._metrics:
+            elif self.rank == 0 and self._metrics and (
+                    now - self._last_print >= PLAIN_LOG_EVERY_S or step + 1 == self._total):
+                self._last_print = now
                 print(f"step {step} " + " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                                  for k, v in self._metrics.items())
                       + f" | {dt * 1000:.0f} ms", flush=True)
@@ -282,16 +440,113 @@ class Job:
             # The vote failed on every rank alike, before any optimizer stepped: nobody is
             # blocked, the step is simply not committed; the suspect is replaced.
             self._failure = f"health vote: {self._health.detail}"
+            self._failed_step = step
             return True
         if self._is_peer_failure(ev):
             # The optimizer may have stepped before a later collective of the block failed.
             self.committed = max(self.committed, self._applied)
             self._failure = f"{type(ev).__name__}: {str(ev).splitlines()[0][:300]}"
+            self._failed_step = step
             if self._group is not None:
                 self._group.abort()     # free the peers blocked on us now, not at teardown
             return True
         self._report_crash(step, ev)
         return False
+
+    # ------------------------------------------------------------------ per-rank state rows
+    def begin_gather(self) -> None:
+        """Called as this step's gradient reduction starts (the DDP hook's first bucket): the
+        forward is done, so this rank's per-rank state is what it commits with. Gather every
+        rank's into one table while the reduction runs."""
+        if self._current is None or self._gather is not None or self._generation_broken():
+            return
+        row = self.rankstate.capture()
+        rows = torch.empty(self.world_size * row.numel(), dtype=torch.uint8)
+        try:
+            self._gather = (self._group.all_gather(rows, row), rows, row)
+        except Exception as e:
+            self._note_comm_error(e)
+            raise
+
+    def finish_gather(self) -> None:
+        """Wait for the table (before any optimizer steps: a rank that applied step k holds
+        every rank's per-rank state of step k)."""
+        if self._gather is None:
+            return
+        work, rows, _ = self._gather
+        try:
+            work.wait()
+        except Exception as e:
+            self._note_comm_error(e)
+            raise
+        self._keep_rows(self._current, rows)
+
+    def _keep_rows(self, step: int, rows: torch.Tensor) -> None:
+        # The rows of the step before stay too: a rank whose step fails after the gather (a
+        # failed vote) is still at that step.
+        if self._rows_step != step:
+            self._rows_prev = (self._rows_step, self._rows)
+        self._rows, self._rows_step = rows, step
+
+    def rows_for(self, step: int) -> torch.Tensor | None:
+        if self._rows_step == step:
+            return self._rows
+        prev_step, prev = self._rows_prev
+        return prev if prev_step == step else None
+
+    def _settle_rows(self, step: int) -> BaseException | None:
+        """At the end of a step: the table must hold this rank's state as it commits. Gather it
+        now if no gradient reduction did, or if the state changed after the reduction began
+        (e.g. random numbers drawn after backward)."""
+        own = self._gather[2] if self._gather is not None else None
+        self._gather = None
+        if own is not None and self._rows_step == step and torch.equal(self.rankstate.capture(), own):
+            return None
+        try:
+            self._check_generation()
+            row = self.rankstate.capture()
+            rows = torch.empty(self.world_size * row.numel(), dtype=torch.uint8)
+            self._group.all_gather(rows, row).wait()
+        except Exception as e:
+            self._note_comm_error(e)
+            return e
+        self._keep_rows(step, rows)
+        return None
+
+    def _rollback(self, failed_step: int | None) -> None:
+        """A step failed on this rank: put back what it touched (the step contract)."""
+        entry, self._entry = self._entry, None
+        if entry is None or failed_step is None or entry[0] != failed_step:
+            return
+        step, blob, mask = entry
+        if self._applied >= step:
+            # The optimizer stepped before a later collective of the block failed: the update
+            # stands; whatever the rest of the block would have cleared, gradients are zero.
+            self.grads.reset(self.grads.mask())
+            for loader in self.loaders:
+                loader.committed()
+            return
+        self.rankstate.restore(blob)
+        self.grads.reset(mask)
+        for loader in self.loaders:
+            loader.rollback()
+
+    # ------------------------------------------------------------------ context steps (job.step())
+    def _begin_context_step(self) -> int:
+        self.ensure_synced()
+        if not self.managed:
+            return self.committed + 1
+        while True:
+            if self._failure is not None:
+                self._recover()
+            elif self._pause_at is not None and self.committed >= self._pause_at:
+                self._pause()
+            else:
+                return self.committed + 1
+
+    def _recover_now(self) -> None:
+        while self._failure is not None:
+            self._recover()
 
     def _trigger(self, type_: str, **fields: Any) -> None:
         """Tell the agent this rank reached a fault trigger (a step's start, joining, receiving
@@ -501,6 +756,8 @@ class Job:
         from hotspare.runtime.ddp import reset_after_failure
         reason, self._failure = self._failure, None
         health, self._health, self._pause_at = self._health, None, None
+        self._rollback(self._failed_step)
+        self._failed_step = None
         self._teardown()
         for ddp in self._ddps:
             reset_after_failure(ddp)
@@ -588,28 +845,84 @@ class Job:
             if self.committed != target:
                 raise StateMismatch(f"rank {self.rank} was chosen as source for step {target} "
                                     f"but holds step {self.committed}")
-            snap = self.registry.snapshot()
-            self._group.store.set(key, json.dumps(snap.manifest(self.committed)))
-            stats = broadcast_state([t.detach() for _, t in snap.tensors], source, None, is_source=True,
-                                    receivers=receivers)
+            manifest, tensors = self._outgoing(self.rows_for(self.committed), self.world_size)
+            self._group.store.set(key, json.dumps(manifest))
+            stats = broadcast_state(tensors, source, None, is_source=True, receivers=receivers)
         elif self.rank in receivers:
-            manifest = self._read_manifest(key)
-            dsts, needs_load = self.registry.prepare_receive(manifest)
+            manifest = _check_manifest(json.loads(self._group.store.get(key)), "the source rank")
+            dsts, finish = self._destinations(manifest)
             stats = broadcast_state(dsts, source, None, is_source=False, receivers=receivers)
-            with torch.no_grad():
-                self.registry.finish_receive(manifest, dsts, needs_load)
-            self.committed = self._applied = manifest["step"]
+            finish()
         else:
             return 0, 0.0
         return stats.bytes, stats.seconds
 
-    def _read_manifest(self, key: str) -> dict[str, Any]:
-        # The generation's store read gives up with PeerFailure if the generation is aborted
-        # (e.g. the source died before publishing).
-        manifest = json.loads(self._group.store.get(key))
-        if not isinstance(manifest, dict) or not {"step", "entries", "trees"} <= set(manifest):
-            raise StateMismatch("malformed state manifest from the source rank")
-        return manifest
+    def _outgoing(self, rows: torch.Tensor | None, count: int) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """What a source sends: the replicated state, which gradients exist, and ``count`` rows
+        of per-rank state (every rank's, or the migrating rank's own)."""
+        snap = self.registry.snapshot()
+        manifest = snap.manifest(self.committed)
+        manifest["grads"] = self.grads.mask()
+        manifest["rows"] = None if rows is None else {"count": count, "nbytes": rows.numel() // count}
+        return manifest, [t.detach() for _, t in snap.tensors] + ([rows] if rows is not None else [])
+
+    def _destinations(self, manifest: dict[str, Any]):
+        """Where received tensors go, and what to do once they are in. A process that has not
+        built its objects yet (a spare taking over a migrating rank, in init()) keeps them aside
+        until the script has tracked its state."""
+        meta = manifest.get("rows")
+        rows = None
+        if meta is not None:
+            count, nbytes = meta.get("count"), meta.get("nbytes")
+            if not (isinstance(count, int) and isinstance(nbytes, int) and 0 < count <= 1 << 20
+                    and 0 < nbytes and count * nbytes <= 1 << 32):
+                raise StateMismatch(f"malformed per-rank state description from the source: {meta!r}")
+            rows = torch.empty(count * nbytes, dtype=torch.uint8)
+        if not self.registry:
+            staged = [torch.empty(shape, dtype=_dtype(dt)) for _, dt, shape in manifest["entries"]]
+
+            def finish() -> None:
+                self.committed = self._applied = manifest["step"]
+                self._staged = (manifest, staged, rows)
+            return staged + ([rows] if rows is not None else []), finish
+        dsts, needs_load = self.registry.prepare_receive(manifest)
+
+        def finish() -> None:
+            with torch.no_grad():
+                self.registry.finish_receive(manifest, dsts, needs_load)
+            self._take_rank_state(manifest, rows)
+        return dsts + ([rows] if rows is not None else []), finish
+
+    def _apply_staged(self) -> None:
+        manifest, staged, rows = self._staged
+        self._staged = None
+        dsts, needs_load = self.registry.prepare_receive(manifest)
+        with torch.no_grad():
+            for dst, src in zip(dsts, staged):
+                dst.copy_(src)
+            self.registry.finish_receive(manifest, dsts, needs_load)
+        self._take_rank_state(manifest, rows)
+
+    def _take_rank_state(self, manifest: dict[str, Any], rows: torch.Tensor | None) -> None:
+        """After the replicated state is in: this rank's own per-rank state and gradients."""
+        self.committed = self._applied = step = manifest["step"]
+        grads = manifest.get("grads")
+        if isinstance(grads, list) and all(g in (0, 1) for g in grads):
+            self.grads.reset(grads)
+        if rows is not None:
+            count, nbytes = manifest["rows"]["count"], manifest["rows"]["nbytes"]
+            if nbytes != self.rankstate.nbytes:
+                raise StateMismatch(f"per-rank state of {nbytes} bytes from the source does not fit this "
+                                    f"rank's {self.rankstate.nbytes} ({self.rankstate.signature()}); every rank "
+                                    "must track the same objects and build the same loaders")
+            table = rows.view(count, nbytes)
+            self.rankstate.restore(table[self.rank if count > 1 else 0])
+            if count == self.world_size:
+                self._keep_rows(step, rows)
+        elif step >= 0:
+            print(f"hotspare: rank {self.rank}: the per-rank state of step {step} (random generators, "
+                  "buffers, data position) was not replicated before its rank was lost; this rank goes on "
+                  "from its own, so the run may differ from one without the failure", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ live migration
     def _pause(self) -> None:
@@ -637,10 +950,12 @@ class Job:
         try:
             group = self._pair(msg, 0, float(msg.get("join_timeout") or 30.0))
             self._trigger("transfer", gen=msg["gen"], rank=self.rank, role="source")
-            snap = self.registry.snapshot()
-            group.store.set("state/handoff", json.dumps(snap.manifest(self.committed)))
-            stats = broadcast_state([t.detach() for _, t in snap.tensors], 0, None, is_source=True,
-                                    receivers=[1])
+            table = self.rows_for(self.committed)
+            own = (table.view(self.world_size, -1)[self.rank].clone() if table is not None
+                   else self.rankstate.capture())
+            manifest, tensors = self._outgoing(own, 1)
+            group.store.set("state/handoff", json.dumps(manifest))
+            stats = broadcast_state(tensors, 0, None, is_source=True, receivers=[1])
             self._channel.send(make("handed_off", gen=msg["gen"], rank=self.rank, bytes=stats.bytes,
                                     seconds=stats.seconds))
         except Exception as e:   # the spare died: the new generation recovers from a replica
@@ -655,14 +970,10 @@ class Job:
         """The spare's half of a live migration: receive the old worker's state directly."""
         group = self._pair(msg, 1, join_timeout)
         self._trigger("transfer", gen=msg["gen"], rank=msg["rank"], role="receiver")
-        manifest = json.loads(group.store.get("state/handoff"))
-        if not isinstance(manifest, dict) or not {"step", "entries", "trees"} <= set(manifest):
-            raise StateMismatch("malformed state manifest from the migrating rank")
-        dsts, needs_load = self.registry.prepare_receive(manifest)
+        manifest = _check_manifest(json.loads(group.store.get("state/handoff")), "the migrating rank")
+        dsts, finish = self._destinations(manifest)
         stats = broadcast_state(dsts, 0, None, is_source=False, receivers=[1])
-        with torch.no_grad():
-            self.registry.finish_receive(manifest, dsts, needs_load)
-        self.committed = self._applied = manifest["step"]
+        finish()
         self._teardown()
         return stats.bytes, stats.seconds
 
@@ -674,7 +985,7 @@ class Job:
     def _finish(self) -> bool:
         """Report completion; True when released, False if a recovery needs us first."""
         self._channel.send(make("done", gen=self.generation, rank=self.rank, step=self.committed,
-                                digest=self.registry.digest()))
+                                digest=self.digest, rank_digest=self.rank_digest))
         msg = self._await_generation()
         if msg is None:
             return True
@@ -730,6 +1041,20 @@ class Job:
             return msg
 
 
+def _check_manifest(manifest: Any, sender: str) -> dict[str, Any]:
+    if not isinstance(manifest, dict) or not {"step", "entries", "trees"} <= set(manifest) \
+            or not isinstance(manifest["step"], int) or not isinstance(manifest["entries"], list):
+        raise StateMismatch(f"malformed state manifest from {sender}")
+    return manifest
+
+
+def _dtype(name: Any) -> torch.dtype:
+    dt = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dt, torch.dtype):
+        raise StateMismatch(f"unknown dtype {name!r} in a state manifest")
+    return dt
+
+
 _job: Job | None = None
 
 
@@ -745,26 +1070,3 @@ def init() -> Job:
 def _timedelta(seconds: float):
     import datetime
     return datetime.timedelta(seconds=seconds)
-
-
-_exit_code = 0
-
-
-def _install_clean_exit() -> None:
-    """End the process with ``os._exit`` once Python is done: gloo's threads can abort a
-    finishing worker during interpreter teardown (about 1 exit in 6 here)."""
-    previous = sys.excepthook
-
-    def hook(et, ev, tb):
-        global _exit_code
-        _exit_code = 1
-        previous(et, ev, tb)
-
-    sys.excepthook = hook
-
-    def bye():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_exit_code)
-
-    atexit.register(bye)

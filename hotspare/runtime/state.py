@@ -117,11 +117,18 @@ class StateRegistry:
             snap.trees[name] = _encode(self._objs[name].state_dict(), (name,), snap.tensors)
         return snap
 
-    def digest(self) -> str:
-        """sha256 over every tracked tensor (and the JSON metadata) in a canonical order."""
+    def digest(self, per_rank: dict[str, set[str]] | None = None) -> str:
+        """sha256 over every tracked tensor (and the JSON metadata) in a canonical order.
+
+        ``per_rank`` names, per tracked object, the state-dict keys that legitimately differ
+        between replicas (a module's buffers under DDP): they are left out, so the digest is
+        the same on every healthy replica; runtime/rankstate.py digests them per rank."""
         snap = self.snapshot()
+        skip = {(name, key) for name, keys in (per_rank or {}).items() for key in keys}
         h = hashlib.sha256()
         for path, t in sorted(snap.tensors, key=lambda pt: json.dumps(list(pt[0]), default=str)):
+            if path[:2] in skip:
+                continue
             t = t.detach().contiguous().reshape(-1)
             h.update(json.dumps([list(path), str(t.dtype)], default=str).encode())
             h.update(t.view(torch.uint8).numpy().data)

@@ -1,0 +1,250 @@
+"""Per-rank state: what legitimately differs between replicas and must survive the loss of its rank.
+
+Replicated state (parameters, optimizer and scheduler state) is the same on every replica, so a
+replacement can take it from any survivor. Some state is not: each rank's random generators
+(dropout masks, augmentations), the module buffers DDP leaves per rank (BatchNorm's running
+statistics after each rank's own forward), each rank's place in its data stream. Taking that
+from another rank would give a model that looks right and is not the model of the run without
+the failure. So every rank packs its per-rank state into one flat byte tensor of a fixed layout:
+
+* torch's CPU generator (and the current CUDA device's, once CUDA is initialised), Python's
+  ``random`` and numpy's legacy global generator;
+* every buffer of every tracked module;
+* every ``torch.Generator`` given to ``job.track``;
+* the position of every ``job.loader`` (runtime/loader.py).
+
+The rows of all ranks are gathered while each step's gradients are reduced (the gather is waited
+for before any optimizer steps, so a rank that applied step k holds every rank's state of step
+k), and a replacement receives its predecessor's row with the replicated state. A survivor that
+re-runs a step restores its own state as it was when the step began.
+
+Nothing here is pickled: Python's and numpy's generator states are packed as fixed-size words.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+
+_PY_WORDS = 625                     # random.getstate(): 624 state words and the index
+_PY_FMT = f"<{_PY_WORDS}I?d"        # ... then gauss_next (None or a float)
+_NP_FMT = "<624IIid"                # numpy legacy MT19937: key, pos, has_gauss, cached_gaussian
+_UNSEEDED = ("rng/python", "rng/numpy")   # seeded from entropy at start: not in the digest
+
+
+class Part(Protocol):
+    """One piece of per-rank state with a fixed size in bytes."""
+    name: str
+    nbytes: int
+
+    def save(self) -> bytes | torch.Tensor: ...
+
+    def load(self, data: torch.Tensor) -> None: ...
+
+
+@dataclass
+class _Fn:
+    name: str
+    nbytes: int
+    save: Callable[[], Any]
+    load: Callable[[torch.Tensor], None]
+
+
+def _torch_rng() -> _Fn:
+    n = torch.get_rng_state().numel()
+    return _Fn("rng/torch", n, torch.get_rng_state, lambda d: torch.set_rng_state(d.clone()))
+
+
+def _cuda_rng() -> _Fn | None:
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    n = torch.cuda.get_rng_state().numel()
+    return _Fn("rng/cuda", n, torch.cuda.get_rng_state, lambda d: torch.cuda.set_rng_state(d.clone()))
+
+
+def _py_save() -> bytes:
+    version, words, gauss = random.getstate()
+    return struct.pack(_PY_FMT, *words, gauss is not None, 0.0 if gauss is None else gauss)
+
+
+def _py_load(data: torch.Tensor) -> None:
+    fields = struct.unpack(_PY_FMT, data.numpy().tobytes())
+    words, has_gauss, gauss = fields[:_PY_WORDS], fields[_PY_WORDS], fields[_PY_WORDS + 1]
+    random.setstate((3, tuple(words), gauss if has_gauss else None))
+
+
+def _np_rng() -> _Fn | None:
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+
+    def save() -> bytes:
+        _, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        return struct.pack(_NP_FMT, *key.tolist(), pos, has_gauss, cached)
+
+    def load(data: torch.Tensor) -> None:
+        fields = struct.unpack(_NP_FMT, data.numpy().tobytes())
+        key = np.array(fields[:624], dtype=np.uint32)
+        np.random.set_state(("MT19937", key, fields[624], fields[625], fields[626]))
+
+    return _Fn("rng/numpy", struct.calcsize(_NP_FMT), save, load)
+
+
+def _tensor_part(name: str, t: torch.Tensor) -> _Fn:
+    """A buffer, saved and restored in place as raw bytes (its dtype does not matter)."""
+    if not t.is_contiguous():
+        raise ValueError(f"per-rank buffer {name} is not contiguous")
+
+    def raw() -> torch.Tensor:
+        return t.detach().reshape(-1).view(torch.uint8)
+
+    def load(data: torch.Tensor) -> None:
+        with torch.no_grad():
+            raw().copy_(data)
+
+    return _Fn(name, t.numel() * t.element_size(), lambda: raw().cpu(), load)
+
+
+def _generator_part(name: str, g: torch.Generator) -> _Fn:
+    n = g.get_state().numel()
+    return _Fn(f"generator/{name}", n, g.get_state, lambda d: g.set_state(d.clone()))
+
+
+class RankState:
+    """This rank's per-rank state, packed into (and restored from) one byte tensor."""
+
+    def __init__(self) -> None:
+        self.modules: dict[str, torch.nn.Module] = {}
+        self.generators: dict[str, torch.Generator] = {}
+        self.parts: list[Part] = []          # extra parts (job.loader positions)
+        self._layout: list[Part] | None = None
+
+    def add_module(self, name: str, module: torch.nn.Module) -> None:
+        self.modules[name] = module
+        self._layout = None
+
+    def add_generator(self, name: str, g: torch.Generator) -> None:
+        if g.device.type != "cpu":
+            raise ValueError(f"job.track({name}=...): only CPU generators are supported as per-rank state")
+        self.generators[name] = g
+        self._layout = None
+
+    def add_part(self, part: Part) -> None:
+        self.parts.append(part)
+        self._layout = None
+
+    def buffer_names(self) -> dict[str, set[str]]:
+        """Tracked module name -> the state-dict keys of its buffers (per-rank, not replicated)."""
+        return {name: {k for k, _ in m.named_buffers()} for name, m in self.modules.items()}
+
+    def layout(self) -> list[Part]:
+        if self._layout is None:
+            parts: list[Part] = [_torch_rng()]
+            parts += [p for p in (_cuda_rng(), _np_rng()) if p is not None]
+            parts.append(_Fn("rng/python", struct.calcsize(_PY_FMT), _py_save, _py_load))
+            for name in sorted(self.modules):
+                parts += [_tensor_part(f"buffer/{name}/{k}", b)
+                          for k, b in self.modules[name].named_buffers()]
+            parts += [_generator_part(n, g) for n, g in sorted(self.generators.items())]
+            parts += self.parts
+            self._layout = parts
+        return self._layout
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.layout())
+
+    def signature(self) -> str:
+        """What the layout is, for a clear error when two ranks' layouts differ."""
+        return ", ".join(f"{p.name}:{p.nbytes}" for p in self.layout())
+
+    def capture(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        layout = self.layout()
+        total = sum(p.nbytes for p in layout)
+        if out is None or out.numel() != total:
+            out = torch.empty(total, dtype=torch.uint8)
+        off = 0
+        for p in layout:
+            data = p.save()
+            if isinstance(data, bytes):
+                data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if data.numel() != p.nbytes:
+                raise ValueError(f"per-rank state {p.name} changed size ({p.nbytes} -> {data.numel()} bytes) "
+                                 "during the run; hotspare needs a fixed layout")
+            out[off:off + p.nbytes].copy_(data)
+            off += p.nbytes
+        return out
+
+    def restore(self, blob: torch.Tensor) -> None:
+        layout = self.layout()
+        if blob.numel() != sum(p.nbytes for p in layout):
+            raise ValueError(f"per-rank state of {blob.numel()} bytes does not fit this rank's layout "
+                             f"({self.signature()}); every rank must track the same objects")
+        off = 0
+        for p in layout:
+            p.load(blob[off:off + p.nbytes])
+            off += p.nbytes
+
+    def digest(self, blob: torch.Tensor) -> str:
+        """sha256 of the state a run's outcome is judged by. Python's and numpy's global
+        generators are left out: they move with the rest, but unless a script seeds them they
+        start from the process's own entropy, so they differ between any two runs (their effect
+        on training, when a script uses them, shows in the replicated state)."""
+        h, off = hashlib.sha256(), 0
+        for p in self.layout():
+            if p.name not in _UNSEEDED:
+                h.update(p.name.encode())
+                h.update(blob[off:off + p.nbytes].numpy().tobytes())
+            off += p.nbytes
+        return h.hexdigest()
+
+    def part_digests(self, blob: torch.Tensor) -> dict[str, str]:
+        """Part name -> a short digest: which part of two ranks' states differs."""
+        out, off = {}, 0
+        for p in self.layout():
+            out[p.name] = hashlib.sha256(blob[off:off + p.nbytes].numpy().tobytes()).hexdigest()[:12]
+            off += p.nbytes
+        return out
+
+
+class GradState:
+    """Which tracked parameters hold a gradient, and how to put them back.
+
+    The step contract for gradients: when a step is re-run, every parameter that had no gradient
+    when the step began has none again, and every one that had a gradient holds zeros. That is
+    exactly the committed state for scripts that clear gradients at the end of a step
+    (``zero_grad()`` -> None, ``zero_grad(set_to_none=False)`` -> zeros), and equivalent for
+    scripts that clear them at the start (the first thing the step does is clear them again).
+    Gradients that carry over from one step into the next are not supported: accumulate within
+    a step (``no_sync`` micro-batches)."""
+
+    def __init__(self) -> None:
+        self._params: list[torch.nn.Parameter] = []
+        self._ids: set[int] = set()
+
+    def add(self, params) -> None:
+        for p in params:
+            if id(p) not in self._ids and p.requires_grad:
+                self._ids.add(id(p))
+                self._params.append(p)
+
+    def mask(self) -> list[int]:
+        return [int(p.grad is not None) for p in self._params]
+
+    def reset(self, mask: list[int]) -> None:
+        if len(mask) != len(self._params):
+            raise ValueError(f"gradient state of {len(mask)} parameters does not fit this rank's "
+                             f"{len(self._params)}; every rank must track the same model and optimizer")
+        with torch.no_grad():
+            for p, has in zip(self._params, mask):
+                if not has:
+                    p.grad = None
+                elif p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                else:
+                    p.grad.zero_()
