@@ -29,6 +29,11 @@ class StateMismatch(HotspareError):
     """Transferred state does not fit the receiver (different model, shapes or checksum)."""
 
 
+class StateTrackingError(HotspareError):
+    """A rank's state differed from its peers' right after it received theirs: the script keeps
+    state hotspare was not told about (``job.track``). A bug in the script, not the hardware."""
+
+
 class JobFailed(HotspareError):
     """The job cannot continue; the message says why (e.g. a bug in the training script)."""
 

@@ -552,9 +552,13 @@ class Coordinator:
                 self.health.assign(rank, self.nodes.workers[worker].device, worker)
             handoff = ({"handoff": f"handoff{a.gen}/"} if a.handoff_from is not None
                        and a.replacements.get(rank) == worker else {})
+            # "moved": state moves to some rank in this generation (every member is told alike:
+            # their first vote after it checks the transfer, and a vote is a collective)
+            moved = bool(a.receivers or a.restore or a.replacements)
             self.nodes.send(worker, make("generation", gen=a.gen, rank=rank, world=len(a.members),
                                          prefix=f"gen{a.gen}/", target=a.target, source=a.source,
-                                         receivers=list(a.receivers), restore=a.restore, **handoff, **extra))
+                                         receivers=list(a.receivers), restore=a.restore, moved=moved,
+                                         **handoff, **extra))
 
     def _release_all(self, reason: str) -> None:
         for w in self.nodes.alive():

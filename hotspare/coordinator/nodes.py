@@ -249,8 +249,8 @@ class Nodes:
                 info.rank, info.last_step = msg["rank"], msg["step"]
             elif msg["type"] == "commit":      # the next step begins right after a commit
                 info.rank, info.last_step = msg["rank"], msg["step"] + 1
-            elif msg["type"] == "joined" and isinstance(msg.get("committed"), int):
-                info.last_step = msg["committed"] + 1      # the step it runs first
+            elif msg["type"] == "joined" and isinstance(msg.get("committed"), int) and not msg.get("pending"):
+                info.last_step = msg["committed"] + 1      # the step it runs first (once its state is in)
         return info
 
     def describe(self) -> dict[str, Any]:

@@ -259,6 +259,9 @@ def observe(view: ClusterView, sig: Signal) -> None:
     elif isinstance(sig, Done):
         if sig.gen == view.generation and view.members.get(sig.rank) == sig.worker:
             view.done[sig.rank] = sig
+            # A finished rank waits to be released: if another rank is lost now, it counts as a
+            # survivor that has reported its (last) committed step, never as a silent one.
+            view.reports[sig.rank] = sig.step
     elif isinstance(sig, Checkpointed):
         if view.checkpoint is None or sig.step >= view.checkpoint.step:
             view.checkpoint = sig

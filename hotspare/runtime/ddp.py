@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hotspare.errors import PeerFailure
+from hotspare.errors import PeerFailure, StateTrackingError
 from hotspare.pg import SoloGroup
 from hotspare.runtime.vote import HealthFault
 
@@ -100,7 +100,7 @@ def _complete(job: "Job") -> None:
     if error is None and vote is not None:
         try:
             job._judge(vote.wait()[0])  # raises HealthFault when the vote goes against this step
-        except HealthFault as e:
+        except (HealthFault, StateTrackingError) as e:
             error = e
         except Exception as e:
             job._note_comm_error(e)

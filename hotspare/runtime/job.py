@@ -25,6 +25,7 @@ torch.distributed and DDP, so scripts can adopt hotspare gradually.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
 import json
@@ -41,7 +42,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from hotspare.errors import ConfigError, JobFailed, PeerFailure, ProtocolError, StateMismatch
+from hotspare.errors import ConfigError, JobFailed, PeerFailure, ProtocolError, StateMismatch, StateTrackingError
 from hotspare.pg import GenerationGroup
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
@@ -61,11 +62,6 @@ GO_TIMEOUT_S = 10.0                     # longest wait for the agent at a fault 
 COMMITS_HELD, COMMITS_HELD_S = 8, 5.0   # a rank > 0 batches its commit reports (see _report_commit)
 DEFAULT_VOTE_EVERY = 10   # steps between health votes; see runtime/vote.py for the trade-off
 PLAIN_LOG_EVERY_S = 10.0  # outside hotspare run, job.log prints at most this often (and the last step)
-
-
-class StateTrackingError(RuntimeError):
-    """A replacement's state differed from its peers' right after it received it: the script
-    keeps state hotspare was not told about (job.track). A bug in the script, not the hardware."""
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
 _COMM_MARKERS = ("gloo/transport", "nccl", "connection reset", "connection closed",
@@ -175,6 +171,7 @@ class Job:
         self._gather: tuple[Any, torch.Tensor, torch.Tensor] | None = None   # (work, rows, own row) in flight
         self._gathered_step = -1               # the step whose gather finished on this rank
         self._verify_at = -1                   # the step whose vote checks a state transfer
+        self._tracking: str | None = None      # ... and what it found
         self._checked_tracking = False
         self._last_print = 0.0
 
@@ -200,6 +197,7 @@ class Job:
         msg = self._await_generation()
         if msg is None:
             if self.role == "spare":      # released unused: the job is done without us
+                atexit._run_exitfuncs()   # what the script registered before init() still runs
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(0)
@@ -436,6 +434,9 @@ class Job:
             return False
         if not self.managed or not isinstance(ev, Exception):
             return False
+        if self._tracking is not None:
+            self._report_crash(step, StateTrackingError(self._tracking))
+            raise StateTrackingError(self._tracking) from ev
         if self._health is not None:
             # The vote failed on every rank alike, before any optimizer stepped: nobody is
             # blocked, the step is simply not committed; the suspect is replaced.
@@ -621,7 +622,9 @@ class Job:
         the last gradient bucket waits for it, so a verdict still lands before any optimizer
         steps."""
         self._vote = None
-        if step % (self.fingerprint_every or DEFAULT_VOTE_EVERY) or self.world_size < 2 or not self._ddps \
+        due = step % (self.fingerprint_every or DEFAULT_VOTE_EVERY) == 0 or (
+            step == self._verify_at and self.fingerprint_every > 0)
+        if not due or self.world_size < 2 or not self._ddps \
                 or self._generation_broken():
             return
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -658,7 +661,7 @@ class Job:
         try:
             self._judge(vote.wait()[0])
         except Exception as e:
-            if not isinstance(e, HealthFault):
+            if not isinstance(e, (HealthFault, StateTrackingError)):
                 self._note_comm_error(e)
             return e
         return None
@@ -687,6 +690,15 @@ class Job:
                 f"{result.detail}; the previous vote was {self.fingerprint_every} steps earlier, so the "
                 "corrupt values may have reached the other replicas' updates meanwhile "
                 "(--fingerprint-every 1 catches them before)"))
+        if result.failed and result.kind == "fingerprint" and step == self._verify_at:
+            # One update after state moved to some ranks, and their parameters already differ
+            # from their peers': what they received was not everything the step depends on.
+            self._tracking = (f"ranks {', '.join(map(str, result.suspects)) or '?'} differ from their peers one "
+                              f"step after state was transferred (generation {self.generation}): the script keeps "
+                              "state that is not tracked (an LR scheduler, a loss scaler, a counter or a "
+                              "generator the update depends on). Pass it to job.track(...); this is a bug in "
+                              "the script, not a hardware fault")
+            raise StateTrackingError(self._tracking)
         if result.failed:
             self._health = result
             raise HealthFault(result)
@@ -794,6 +806,10 @@ class Job:
         self._teardown()
         t0 = time.perf_counter()
         self.generation, self.rank, self.world_size = msg["gen"], msg["rank"], msg["world"]
+        if msg.get("moved"):
+            # State moves in this generation: one update later, every rank's parameters must
+            # still agree (the same step on every rank: the vote is a collective).
+            self._verify_at = msg["target"] + 2
         self._params = None
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
         self._trigger("joining", gen=self.generation, rank=self.rank)
@@ -814,7 +830,8 @@ class Job:
         else:
             self._pending_sync = msg        # initial sync once the script has tracked its state
         self._channel.send(make("joined", gen=self.generation, rank=self.rank, bytes=nbytes,
-                                committed=self.committed, timings={"rebuild": rebuild_s, "transfer": transfer_s}))
+                                committed=self.committed, pending=self._pending_sync is not None,
+                                timings={"rebuild": rebuild_s, "transfer": transfer_s}))
 
     def _guarded(self, fn, *args) -> None:
         try:

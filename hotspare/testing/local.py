@@ -40,3 +40,24 @@ def run_job(script_args: list[str], nproc: int = 4, spares: int = 1, inject: lis
                               env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         data = json.load(open(report)) if os.path.exists(report) else None
         return JobResult(proc.returncode, "" if stream else proc.stdout + proc.stderr, data)
+
+
+def run_torchrun(script_args: list[str], script: str | Path, nproc: int = 4, timeout: float = 300,
+                 stats_flag: str | None = "--stats") -> tuple[subprocess.CompletedProcess, list[dict[str, Any]]]:
+    """Run ``script`` under plain ``torchrun`` (no hotspare launcher) with ``--stats PREFIX``
+    (unless ``stats_flag`` is None); returns the process and each rank's stats file
+    (``PREFIX.rank<R>.json``) in rank order."""
+    import socket
+    with tempfile.TemporaryDirectory() as tmp, socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))      # torchrun's --master-port 0 does not reach the workers
+        port = sock.getsockname()[1]
+        sock.close()
+        prefix = os.path.join(tmp, "stats")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                               "--master-port", str(port), str(script), *script_args,
+                               *([stats_flag, prefix] if stats_flag else [])],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+        stats = [json.load(open(f"{prefix}.rank{r}.json")) for r in range(nproc)
+                 if os.path.exists(f"{prefix}.rank{r}.json")]
+        return proc, stats
