@@ -1,0 +1,116 @@
+"""Per-rank state and the step contract, in one process: what a re-run step starts from and what
+a replacement continues from (runtime/rankstate.py, runtime/loader.py)."""
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from hotspare.errors import ConfigError
+from hotspare.runtime.loader import ResumableLoader
+from hotspare.runtime.rankstate import GradState, RankState
+
+
+def draws():
+    return (torch.rand(3).tolist(), random.random(), np.random.rand(2).tolist(), np.random.randn(),
+            random.gauss(0, 1))
+
+
+def test_generators_buffers_and_tracked_generators_come_back_exactly():
+    rs = RankState()
+    model = torch.nn.BatchNorm1d(4)
+    gen = torch.Generator().manual_seed(5)
+    rs.add_module("model", model)
+    rs.add_generator("data", gen)
+    np.random.randn(), random.gauss(0, 1)          # leave cached gaussians behind
+    blob = rs.capture().clone()
+    before = (draws(), torch.rand(2, generator=gen).tolist())
+    model.train()(torch.randn(8, 4))               # the forward moves the running statistics
+    stats = (model.running_mean.clone(), model.num_batches_tracked.clone())
+    rs.restore(blob)
+    assert (draws(), torch.rand(2, generator=gen).tolist()) == before
+    assert not torch.equal(model.running_mean, stats[0]) and int(model.num_batches_tracked) == 0
+
+
+def test_a_replacement_with_another_layout_is_refused_with_the_layouts():
+    a, b = RankState(), RankState()
+    a.add_module("model", torch.nn.BatchNorm1d(4))
+    with pytest.raises(ValueError, match="every rank must track the same objects"):
+        b.restore(a.capture())
+
+
+def test_gradients_after_a_rollback_are_none_where_they_were_none_and_zero_elsewhere():
+    model = torch.nn.Linear(3, 2)
+    grads = GradState()
+    grads.add(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    model.bias.grad = None
+    mask = grads.mask()
+    assert mask == [1, 0]
+    model(torch.randn(4, 3)).sum().backward()       # the failed attempt adds to weight.grad
+    weight_grad = model.weight.grad
+    grads.reset(mask)
+    assert model.weight.grad is weight_grad and torch.count_nonzero(weight_grad) == 0
+    assert model.bias.grad is None
+    fresh = torch.nn.Linear(3, 2)                   # a replacement has no gradients at all
+    g2 = GradState()
+    g2.add(fresh.parameters())
+    g2.reset(mask)
+    assert torch.equal(fresh.weight.grad, torch.zeros(2, 3)) and fresh.bias.grad is None
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.tensor([i * i]) + torch.rand(1)      # an augmentation: the worker's generator
+
+
+class _Job:
+    epoch = None
+
+    def ensure_synced(self):
+        pass
+
+
+def loader(workers=0):
+    ds = Squares()
+    sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
+    return ResumableLoader(_Job(), DataLoader(ds, batch_size=4, sampler=sampler, num_workers=workers), "l")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_replacement_resumes_the_stream_exactly_where_its_predecessor_committed(workers):
+    torch.manual_seed(0)
+    a = loader(workers)
+    first = [next(a) for _ in range(3)]            # committed after 3 batches: the state travels
+    a.committed()
+    state, rng = a.save(), torch.get_rng_state()
+    rest = [next(a) for _ in range(7)]             # the rest of epoch 0 and into epoch 1
+    torch.manual_seed(123)                         # a replacement: another process, another past
+    b = loader(workers)
+    b.load(state)
+    torch.set_rng_state(rng)
+    again = [next(b) for _ in range(7)]
+    assert all(torch.equal(x, y) for x, y in zip(rest, again)) and len(first) == 3
+
+
+def test_a_rolled_back_step_gets_the_same_batches_and_leaves_the_generator_as_taking_them_did():
+    torch.manual_seed(0)
+    a = loader()
+    next(a)
+    a.committed()
+    entry = torch.get_rng_state()
+    taken = [next(a), next(a)]                     # a step of two micro-batches, then it fails
+    after = torch.get_rng_state()
+    torch.set_rng_state(entry)                     # the rollback
+    a.rollback()
+    assert all(torch.equal(x, y) for x, y in zip(taken, [next(a), next(a)]))
+    assert torch.equal(torch.get_rng_state(), after)
+
+
+def test_loaders_a_replacement_cannot_reproduce_are_refused():
+    with pytest.raises(ConfigError, match="persistent_workers"):
+        ResumableLoader(_Job(), DataLoader(Squares(), num_workers=1, persistent_workers=True), "l")
