@@ -130,7 +130,8 @@ def commands(model: str, steps: int, port: int) -> dict[str, list[str]]:
 
 
 def one_round(model: str, steps: int, warmup: int, first: str, port: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+           "HOTSPARE_LOG_EVERY_S": "0"}   # torchrun's rank 0 prints every step: the window's marks
     cmds = commands(model, steps, port)
     order = [first] + [n for n in cmds if n != first]
     jobs = {n: Job(n, cmds[n], env) for n in order}

@@ -61,7 +61,10 @@ ENV_FINGERPRINT_EVERY = "HOTSPARE_FINGERPRINT_EVERY"   # steps between health vo
 GO_TIMEOUT_S = 10.0                     # longest wait for the agent at a fault trigger
 COMMITS_HELD, COMMITS_HELD_S = 8, 5.0   # a rank > 0 batches its commit reports (see _report_commit)
 DEFAULT_VOTE_EVERY = 10   # steps between health votes; see runtime/vote.py for the trade-off
-PLAIN_LOG_EVERY_S = 10.0  # outside hotspare run, job.log prints at most this often (and the last step)
+# Outside hotspare run, rank 0's job.log prints at most this often (and at the last step);
+# HOTSPARE_LOG_EVERY_S overrides it (0: every step, as bench/overhead.py needs).
+ENV_LOG_EVERY_S = "HOTSPARE_LOG_EVERY_S"
+PLAIN_LOG_EVERY_S = 10.0
 
 # Messages gloo/NCCL/c10d put in the errors of a broken collective.
 _COMM_MARKERS = ("gloo/transport", "nccl", "connection reset", "connection closed",
@@ -174,6 +177,7 @@ class Job:
         self._tracking: str | None = None      # ... and what it found
         self._checked_tracking = False
         self._last_print = 0.0
+        self._print_every = float(os.environ.get(ENV_LOG_EVERY_S, PLAIN_LOG_EVERY_S))
 
     # ------------------------------------------------------------------ set-up
     def _init(self) -> None:
@@ -425,7 +429,7 @@ class Job:
                 if self.rank == 0:
                     self._persist.after_commit(step)      # a finished write reports itself
             elif self.rank == 0 and self._metrics and (
-                    now - self._last_print >= PLAIN_LOG_EVERY_S or step + 1 == self._total):
+                    now - self._last_print >= self._print_every or step + 1 == self._total):
                 self._last_print = now
                 print(f"step {step} " + " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                                  for k, v in self._metrics.items())
