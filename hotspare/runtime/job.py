@@ -2,19 +2,22 @@
 
 The step protocol, from the training script's point of view::
 
-    job = hotspare.init()
+    job = hotspare.init()                   # a spare waits here until it takes a rank
     model = job.ddp(model)
-    job.track(model=model, optimizer=opt)
-    for step in job.steps(total):
-        with step:              # a failure inside returns here, recovered, at the committed step
-            ...
+    job.track(model=model, optimizer=opt, scheduler=sched)
+    for step in job.steps(total):           # or: for epoch in job.epochs(n): for b in loader:
+        with step:                          #                                   with job.step():
+            ...                             # a failure inside is recovered, at the committed step
 
-Commit semantics: a step is committed on a rank when its optimizer has stepped after a
-successful gradient reduction (or the ``with step`` block finished without error). A failure
-anywhere in a step leaves each survivor at step k or k-1; it tears its generation down (which
-frees the peers still blocked in a collective), reports its committed step and waits. The
-coordinator forms the next generation with a spare in the dead rank's place; the most advanced
-survivor sends the state; everyone resumes at the step after it. Nothing is reloaded from disk.
+Commit semantics (docs/CONTRACT.md): a step is committed on a rank when its ``with`` block
+finished: its optimizer stepped after a successful gradient reduction, and every rank's per-rank
+state of the step was gathered beside that reduction (runtime/rankstate.py). A failure anywhere
+in a step leaves each survivor at step k or k-1; it puts back what the failed attempt touched
+(generators, buffers, data position, gradients), tears its generation down (which frees the
+peers still blocked in a collective), reports its committed step and waits. The coordinator
+forms the next generation with a spare in the dead rank's place; the most advanced survivor
+sends the replicated state and every rank's per-rank row; everyone resumes at the step after it.
+Nothing is reloaded from disk.
 
 An exception that is not a communication failure is the script's own: it is reported with its
 traceback and the process dies, like any crash. If a replacement fails the same step again the
