@@ -85,9 +85,9 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(1)  # one compute thread per CPU worker: 4 workers on 2 cores otherwise crawl
 
+    data = load_corpus(args.corpus_bytes)     # before init(): a spare has it ready when it takes a rank
     job = hotspare.init()                                                  # hotspare
     n_layer, n_head, n_embd, block_size = PRESETS[args.model]
-    data = load_corpus(args.corpus_bytes)
     torch.manual_seed(args.seed)
     model = job.ddp(GPT(n_layer, n_head, n_embd, block_size))              # hotspare
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
