@@ -3,8 +3,6 @@ a rank (then it sees that rank, the world size and the process group, as under t
 unused spare runs none of its code past init(); its atexit handlers run; mistakes in what it
 tells hotspare are clear errors, not hardware verdicts."""
 import os
-import subprocess
-import sys
 
 import pytest
 

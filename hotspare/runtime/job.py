@@ -325,7 +325,8 @@ class Job:
             return
         if not self._checked_tracking:
             self._checked_tracking = True
-            self._check_tracking()
+            if self.role == "active":    # the job's first ranks check; a replacement runs the
+                self._check_tracking()   # same script and must not spend its take-over on it
         if self._staged is not None:
             self._guarded(self._apply_staged)
         if self._pending_sync is not None:
@@ -337,21 +338,20 @@ class Job:
         """State hotspare must know about but was not told of: a clear error now, instead of a
         replacement that silently differs (and a health vote that blames the hardware)."""
         tracked = {id(o) for o in self.registry.objects().values()}
-        optimizers = [o for o in self.registry.objects().values() if isinstance(o, torch.optim.Optimizer)]
-        kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        for opt in optimizers:
-            for ref in gc.get_referrers(opt):
-                if isinstance(ref, kinds) and id(ref) not in tracked:
-                    raise ConfigError(f"a {type(ref).__name__} on the tracked optimizer is not tracked: a "
-                                      "replacement would restart it; add it: job.track(scheduler=...)")
-        scaler_type = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        optimizers = {id(o) for o in self.registry.objects().values() if isinstance(o, torch.optim.Optimizer)}
+        kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau,
+                 torch.amp.GradScaler)
         with warnings.catch_warnings():     # isinstance() on deprecated torch objects warns
             warnings.simplefilter("ignore")
-            scalers = [o for o in gc.get_objects() if isinstance(o, scaler_type)] if scaler_type else []
-        for obj in scalers:
-            if obj.is_enabled() and id(obj) not in tracked:
-                raise ConfigError("an enabled GradScaler is not tracked: a replacement would restart its "
-                                  "loss scale; add it: job.track(scaler=...)")
+            found = [o for o in gc.get_objects() if isinstance(o, kinds) and id(o) not in tracked]
+        for obj in found:                   # one pass over the heap, once, at the job's start
+            if isinstance(obj, torch.amp.GradScaler):
+                if obj.is_enabled():
+                    raise ConfigError("an enabled GradScaler is not tracked: a replacement would restart "
+                                      "its loss scale; add it: job.track(scaler=...)")
+            elif id(getattr(obj, "optimizer", None)) in optimizers:
+                raise ConfigError(f"a {type(obj).__name__} on the tracked optimizer is not tracked: a "
+                                  "replacement would restart it; add it: job.track(scheduler=...)")
 
     def _plain_steps(self, total: int) -> Iterator[Step]:
         if self.world_size > 1:     # every rank must run the same steps (a mismatch hangs DDP)
