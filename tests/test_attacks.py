@@ -346,23 +346,40 @@ def test_the_rendezvous_store_listens_only_on_its_address():
 
 
 # ---------------------------------------------------------------------- a job under attack
-JOB = ["--model", "tiny", "--steps", "600"]
+JOB = ["--model", "tiny", "--steps", "1500"]
 
 
-def test_a_job_under_attack_on_every_port_ends_with_the_fault_free_digest(tmp_path):
-    reference = run_job(JOB, nproc=2, spares=1)
-    assert reference.code == 0, reference.output
+@pytest.fixture(scope="module")
+def reference():
+    result = run_job(JOB, nproc=2, spares=1)
+    assert result.code == 0, result.output
+    return result.digest
+
+
+def start(tmp_path):
+    """A running job (2 ranks, 1 spare), once its first generation started; its environment."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HOTSPARE_RUN_DIR": str(tmp_path / "runs")}
-    report = tmp_path / "report.json"
     proc = subprocess.Popen([sys.executable, "-m", "hotspare", "run", "--nproc", "2", "--spares", "1",
-                             "--report", str(report), "--", str(EXAMPLE), *JOB],
+                             "--report", str(tmp_path / "report.json"), "--", str(EXAMPLE), *JOB],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "START" in line:
+            return proc, lines, env
+    proc.kill()
+    raise AssertionError("".join(lines))
+
+
+def finish(proc, lines, tmp_path) -> tuple[dict, str]:
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=300) == 0, "".join(lines)
+    return json.loads((tmp_path / "report.json").read_text()), "".join(lines)
+
+
+def test_a_job_under_attack_on_every_port_ends_with_the_fault_free_digest(tmp_path, reference):
+    proc, lines, env = start(tmp_path)
     try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if "START" in line:
-                break
         ports = listening(proc.pid)
         assert len(ports) == 4 and {a for a, _ in ports} == {"127.0.0.1"}, ports   # endpoint, agent, control, store
         (run_file,) = (tmp_path / "runs").glob("*.json")
@@ -396,12 +413,47 @@ def test_a_job_under_attack_on_every_port_ends_with_the_fault_free_digest(tmp_pa
         out_of_job = subprocess.run([sys.executable, "-m", "hotspare", "inject", "kill:rank=99"],
                                     capture_output=True, text=True, env=env)
         assert out_of_job.returncode == 1 and "rank 99 does not exist" in out_of_job.stderr, out_of_job.stderr
-        lines += proc.stdout.readlines()
-        assert proc.wait(timeout=300) == 0, "".join(lines)
+        r, out = finish(proc, lines, tmp_path)
     finally:
         proc.kill()
-    out = "".join(lines)
-    r = json.loads(report.read_text())
-    assert r["final_state_digest"] == reference.digest and r["failures_total"] == 0, out
+    assert r["final_state_digest"] == reference and r["failures_total"] == 0, out
     assert out.count("refused a connection from 127.0.0.1:") >= 3 * len(forged), out
     assert "OPERATOR refused inject 'kill:rank=99' from operator" in out
+
+
+def test_nothing_on_the_network_path_unpickles():
+    """Control messages are JSON, state travels as raw tensors: no pickle, marshal or eval in the
+    modules that read from a socket."""
+    import re
+    for folder in ("protocol", "coordinator", "agent", "transfer", "pg"):
+        for path in (REPO / "hotspare" / folder).glob("*.py"):
+            code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+            assert not re.search(r"\b(import pickle|from pickle|pickle\.loads?|marshal\.loads?|torch\.load|eval\()",
+                                 code), path
+
+
+def test_a_job_whose_launcher_ran_out_of_file_descriptors_still_fails_over(tmp_path, reference):
+    """Connections until the launcher hits its file limit (EMFILE in every accept loop); once
+    they are gone, `hotspare inject` reaches the job again and the new spare registers."""
+    import resource
+    proc, lines, env = start(tmp_path)
+    try:
+        ports = [p for _, p in listening(proc.pid)]
+        used = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (used + 40, used + 40))
+        flood = []
+        for port in ports * 40:
+            with contextlib.suppress(OSError):
+                flood.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+        time.sleep(1.0)                                  # the accept loops meet EMFILE meanwhile
+        for sock in flood:
+            sock.close()
+        armed = subprocess.run([sys.executable, "-m", "hotspare", "inject", "kill:rank=1"],
+                               capture_output=True, text=True, env=env, timeout=60)
+        assert armed.returncode == 0, armed.stdout + armed.stderr
+        r, out = finish(proc, lines, tmp_path)
+    finally:
+        proc.kill()
+    assert "cannot accept a connection (Too many open files)" in out
+    assert r["final_state_digest"] == reference and r["failures_total"] == 1, out
+    assert r["recovered_zero_loss"] == 1 and "OPERATOR inject kill:rank=1" in out

@@ -21,6 +21,7 @@ from hotspare.coordinator.ledger import FailureRecord, Ledger, MigrationRecord
 from hotspare.coordinator.nodes import Nodes, refuse
 from hotspare.coordinator.trust import check_claims
 from hotspare.errors import ConfigError, ProtocolError
+from hotspare.health.registry import RegistryError
 from hotspare.policy import decide as policy
 from hotspare.policy import hang
 from hotspare.protocol.messages import make
@@ -220,7 +221,12 @@ class Coordinator:
             return
         if self.health is not None and now - self._operator_polled >= 1.0:
             self._operator_polled = now
-            for verdict in self.health.operator_requests():
+            try:
+                requests = self.health.operator_requests()
+            except RegistryError as e:          # e.g. out of file descriptors for a moment
+                self.log(f"HEALTH  operator commands not read this time: {e}")
+                requests = []
+            for verdict in requests:
                 self.log(f"OPERATOR {verdict.device}: {verdict.reason}")
                 self._act_on(verdict, now, "registry")
         while self.unplaced and self.nodes.free_devices():

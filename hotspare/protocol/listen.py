@@ -60,6 +60,10 @@ class Listener:
 
     def close(self) -> None:
         self._closed.set()
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)     # wakes the blocked accept (Linux)
+        except OSError:
+            pass
         self.server.close()
 
     def pending(self) -> int:
