@@ -96,7 +96,7 @@ def test_a_fault_for_a_running_job_must_name_one_of_its_ranks():
 
 @pytest.mark.parametrize("raw, match", [
     (b'{"v": 1, "type": "commit", "gen": 1, "rank": 0, "step": 1, "dt": NaN}', "not a number"),
-    (b'{"v": 1, "type": "commit", "gen": 1, "rank": 0, "step": 1, "dt": 1e999}', "not a finite number"),
+    (b'{"v": 1, "type": "commit", "gen": 1, "rank": 0, "step": 1, "dt": 1e999}', "'dt' is not a finite number"),
     (b'{"v": 1, "type": "commit", "gen": 1, "rank": 0, "step": 1, "dt": 0.1, "metrics": "boom"}', "metrics"),
     (b'{"v": 1, "type": "commit", "gen": 1, "rank": 0, "step": 1, "dt": 0.1, "metrics": {"a": null}}', "metrics"),
     (b'{"v": 1, "type": "commit", "gen": -1, "rank": 0, "step": 1, "dt": 0.1}', "'gen' = -1 is outside"),

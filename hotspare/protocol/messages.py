@@ -121,7 +121,8 @@ def _fail(kind: str, what: str) -> None:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number (bools are not numbers here)."""
+    return (type(value) is int or (type(value) is float and math.isfinite(value)))
 
 
 def _mapping(kind: str, field: str, value: Any, ok: Callable[[Any], bool], expect: str) -> None:
@@ -171,10 +172,12 @@ NESTED: dict[str, dict[str, Callable[[str, Any], None]]] = {
 
 
 def _check_values(kind: str, msg: Message) -> None:
-    for name, (low, high) in RANGES.items():
-        value = msg.get(name)
-        if _number(value) and not low <= value <= high:
-            _fail(kind, f"field {name!r} = {value!r} is outside {low:g}..{high:g}")
+    for name, value in msg.items():
+        if type(value) is float and not math.isfinite(value):          # 1e999 parses as inf
+            _fail(kind, f"field {name!r} is not a finite number")
+        bounds = RANGES.get(name)
+        if bounds is not None and type(value) in (int, float) and not bounds[0] <= value <= bounds[1]:
+            _fail(kind, f"field {name!r} = {value!r} is outside {bounds[0]:g}..{bounds[1]:g}")
     for name, check in NESTED.get(kind, {}).items():
         if name in msg:
             check(kind, msg[name])
@@ -205,8 +208,8 @@ def decode(line: bytes) -> Message:
     if len(line) > MAX_LINE:
         raise ProtocolError(f"control message of {len(line)} bytes exceeds the {MAX_LINE}-byte limit")
     try:
-        msg = json.loads(line, parse_constant=_no_constant, parse_float=_finite)
-    except (ValueError, RecursionError) as e:    # bad JSON or UTF-8, NaN, 1e999, a 5000-digit int
+        msg = json.loads(line, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:    # bad JSON or UTF-8, NaN, Infinity, a 5000-digit int
         raise ProtocolError(f"control message is not valid JSON: {str(e)[:200]}") from None
     return validate(msg)
 
@@ -214,9 +217,3 @@ def decode(line: bytes) -> Message:
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number a control message may carry")
 
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text[:40]} is not a finite number")
-    return value
