@@ -22,7 +22,6 @@ from hotspare.coordinator.nodes import NodeEndpoint, Nodes
 from hotspare.coordinator.trust import check_claims
 from hotspare.errors import ProtocolError
 from hotspare.protocol import auth
-from hotspare.protocol.channel import Channel
 from hotspare.protocol.listen import Listener
 from hotspare.protocol.messages import make
 from hotspare.testing import run_job
@@ -457,3 +456,15 @@ def test_a_job_whose_launcher_ran_out_of_file_descriptors_still_fails_over(tmp_p
     assert "cannot accept a connection (Too many open files)" in out
     assert r["final_state_digest"] == reference and r["failures_total"] == 1, out
     assert r["recovered_zero_loss"] == 1 and "OPERATOR inject kill:rank=1" in out
+
+
+def test_a_secret_file_others_can_read_is_refused_before_anything_starts(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("x" * 64)
+    secret.chmod(0o644)
+    run = subprocess.run([sys.executable, "-m", "hotspare", "run", "--secret-file", str(secret), "--",
+                          str(EXAMPLE)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and f"chmod 600 {secret}" in run.stderr, run.stderr
+    inject = subprocess.run([sys.executable, "-m", "hotspare", "inject", "--job", "127.0.0.1:1", "--secret-file",
+                             str(secret), "kill:rank=0"], capture_output=True, text=True, timeout=120)
+    assert inject.returncode == 2 and "chmod 600" in inject.stderr, inject.stderr

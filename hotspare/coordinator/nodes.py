@@ -16,7 +16,6 @@ import itertools
 import math
 import queue
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
