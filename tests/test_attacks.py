@@ -263,6 +263,22 @@ def test_idle_trickling_and_oversized_connections_are_closed_and_threads_stay_bo
     assert "no hello within" in err and "longer than 1024 bytes" in err
 
 
+def test_a_flood_of_refused_connections_does_not_flood_the_log(capfd):
+    from hotspare.protocol.listen import LOG_BURST
+    server = socket.create_server(("127.0.0.1", 0))
+    listener = Listener(server, lambda ch: auth.accept(ch, auth.OPERATOR, lambda op: "tok"),
+                        lambda ch, hello: None, "flood-test")
+    try:
+        for _ in range(3 * LOG_BURST):
+            sock, lines = raw(f"127.0.0.1:{server.getsockname()[1]}")
+            send_line(sock, {**LINE, "type": "probe", "gen": 1})
+            assert lines.readline() == b""              # refused and closed, every one
+            sock.close()
+    finally:
+        listener.close()
+    assert capfd.readouterr().err.count("flood-test: refused a connection") == LOG_BURST
+
+
 EMFILE_SCRIPT = textwrap.dedent("""
     import os, resource, socket, sys, time
     from hotspare.protocol import auth
@@ -416,6 +432,7 @@ def test_a_job_under_attack_on_every_port_ends_with_the_fault_free_digest(tmp_pa
     finally:
         proc.kill()
     assert r["final_state_digest"] == reference and r["failures_total"] == 0, out
+    assert "refusing a message from worker" not in out and "ignoring bad message" not in out, out
     assert out.count("refused a connection from 127.0.0.1:") >= 3 * len(forged), out
     assert "OPERATOR refused inject 'kill:rank=99' from operator" in out
 
@@ -456,6 +473,7 @@ def test_a_job_whose_launcher_ran_out_of_file_descriptors_still_fails_over(tmp_p
     assert "cannot accept a connection (Too many open files)" in out
     assert r["final_state_digest"] == reference and r["failures_total"] == 1, out
     assert r["recovered_zero_loss"] == 1 and "OPERATOR inject kill:rank=1" in out
+    assert "refusing a message from worker" not in out, out          # honest traffic is never refused
 
 
 def test_a_secret_file_others_can_read_is_refused_before_anything_starts(tmp_path):

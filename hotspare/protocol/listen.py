@@ -9,7 +9,9 @@ of its own, in two stages:
    not finished within ``deadline_s`` (a slowloris trickling bytes included).
 2. ``handle(channel, hello)`` -- authenticated: lines up to ``max_line`` bytes, no deadline.
 
-A failed handshake is logged with the peer's address and the connection closed. The accept
+A failed handshake is logged with the peer's address (at most ``LOG_BURST`` lines per
+``LOG_WINDOW_S``, then a count, so a flood of connections cannot flood the log) and the
+connection closed. The accept
 loop survives running out of file descriptors or threads (EMFILE, ENFILE, ENOBUFS, ENOMEM): it
 logs, backs off and goes on serving; it ends only when the listening socket is closed.
 """
@@ -28,6 +30,7 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import MAX_LINE
 
 MAX_PENDING = 32
+LOG_BURST, LOG_WINDOW_S = 20, 10.0
 _SCARCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN}
 _BACKOFF_S = (0.01, 1.0)
@@ -43,6 +46,29 @@ def bound_server(host: str, port: int = 0) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=128)
 
 
+class _RateLog:
+    """At most ``burst`` lines per ``window`` seconds; the rest are counted and the count said
+    with the next line let through."""
+
+    def __init__(self, burst: int = LOG_BURST, window: float = LOG_WINDOW_S):
+        self.burst, self.window = burst, window
+        self._lock = threading.Lock()
+        self._start, self._said, self._held = 0.0, 0, 0
+
+    def say(self, line: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._start >= self.window:
+                if self._held:
+                    line = f"{line} ({self._held} more like it in the last {self.window:.0f} s not shown)"
+                self._start, self._said, self._held = now, 0, 0
+            if self._said >= self.burst:
+                self._held += 1
+                return
+            self._said += 1
+        _say(line)
+
+
 class Listener:
     def __init__(self, server: socket.socket, handshake: Callable[[Channel], Any],
                  handle: Callable[[Channel, Any], None], name: str, max_line: int = MAX_LINE,
@@ -55,6 +81,7 @@ class Listener:
         self._pending: dict[Channel, float] = {}      # channel -> deadline
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._refusals = _RateLog()
         threading.Thread(target=self._accept_loop, name=name, daemon=True).start()
         threading.Thread(target=self._reap_loop, name=f"{name}-reaper", daemon=True).start()
 
@@ -121,7 +148,7 @@ class Listener:
         except (OSError, ProtocolError, ValueError) as e:
             with self._lock:
                 expired = time.monotonic() >= self._pending.get(ch, 0.0)
-            _say(f"{self.name}: refused a connection from {who}: "
+            self._refusals.say(f"{self.name}: refused a connection from {who}: "
                  + (f"no hello within {self.deadline_s:.0f} s" if expired else str(e)))
             self._done_pending(ch)
             ch.close()
