@@ -486,3 +486,18 @@ def test_a_secret_file_others_can_read_is_refused_before_anything_starts(tmp_pat
     inject = subprocess.run([sys.executable, "-m", "hotspare", "inject", "--job", "127.0.0.1:1", "--secret-file",
                              str(secret), "kill:rank=0"], capture_output=True, text=True, timeout=120)
     assert inject.returncode == 2 and "chmod 600" in inject.stderr, inject.stderr
+
+
+def test_the_longest_line_a_worker_may_send_still_fits_in_its_relay():
+    """A worker line of nearly MAX_LINE (a long traceback) reaches the coordinator: the node
+    endpoint's limit leaves room for the relay around it."""
+    from hotspare.protocol.messages import MAX_LINE, encode
+    with cluster() as (events, endpoint, nodes, connect):
+        a, _ = connect("a")
+        w = nodes.spawn("active", rank=0)
+        next_event(events, {"msg"})
+        crash = make("crash", gen=0, rank=0, step=1, error="x", traceback="t" * (MAX_LINE - 200))
+        assert len(encode(crash)) < MAX_LINE
+        a.uplink.send(make("relay", worker=w, t=time.time(), msg=crash))
+        (_, who, msg, _), _ = next_event(events, {"msg"})
+        assert (who, msg["type"], len(msg["traceback"])) == (w, "crash", MAX_LINE - 200)

@@ -25,7 +25,7 @@ from hotspare.errors import ProtocolError
 from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.listen import Listener, bound_server
-from hotspare.protocol.messages import FROM_WORKER, Message, make, validate
+from hotspare.protocol.messages import FROM_WORKER, MAX_LINE, Message, make, validate
 
 MAX_SKEW_S = 300.0         # an agent's event time may be this far from the coordinator's clock
 
@@ -80,7 +80,9 @@ class NodeEndpoint:
         self._owner = owner
         server = bound_server(host, port)
         self.address = f"{host}:{server.getsockname()[1]}"
-        self._listener = Listener(server, self._handshake, self._serve, "hotspare-node-endpoint")
+        # A relay wraps a worker's line (at most MAX_LINE on the agent's worker port): room for both.
+        self._listener = Listener(server, self._handshake, self._serve, "hotspare-node-endpoint",
+                                  max_line=2 * MAX_LINE)
 
     def close(self) -> None:
         self._listener.close()

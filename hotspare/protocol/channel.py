@@ -60,7 +60,7 @@ class Channel:
         if not line.endswith(b"\n"):
             self.close()
             raise ProtocolError(f"control message longer than {self.max_line} bytes, or truncated")
-        return decode(line)
+        return decode(line, self.max_line)
 
     def close(self) -> None:
         self.closed = True

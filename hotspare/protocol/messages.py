@@ -204,9 +204,9 @@ def validate(msg: Any) -> Message:
     return msg
 
 
-def decode(line: bytes) -> Message:
-    if len(line) > MAX_LINE:
-        raise ProtocolError(f"control message of {len(line)} bytes exceeds the {MAX_LINE}-byte limit")
+def decode(line: bytes, max_line: int = MAX_LINE) -> Message:
+    if len(line) > max_line:
+        raise ProtocolError(f"control message of {len(line)} bytes exceeds the {max_line}-byte limit")
     try:
         msg = json.loads(line, parse_constant=_no_constant)
     except (ValueError, RecursionError) as e:    # bad JSON or UTF-8, NaN, Infinity, a 5000-digit int
