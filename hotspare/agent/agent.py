@@ -68,8 +68,8 @@ class NodeAgent:
                  node: str | None = None, host: str = "127.0.0.1", devices: list[str] | None = None,
                  device_fault: Callable[[str, Fault], None] | None = None, spawn: str = "fork"):
         """Start serving workers on ``host`` and connect to the coordinator at ``coordinator``
-        (host:port), proving ``secret`` (the job's). ``devices``: the node's device slots ("host/cpu0"...); the coordinator
-        places each worker on one. ``device_fault(device, fault)`` carries out injected device
+        (host:port), proving ``secret`` (the job's). ``devices``: the node's device slots
+        ("host/cpu0"...); the coordinator places each worker on one. ``device_fault(device, fault)`` carries out injected device
         faults (simulated telemetry). ``spawn``: "fork" forks workers from a zygote that has
         imported torch (``hotspare.agent.zygote``) where ``cmd`` allows, "exec" starts each as a
         fresh interpreter."""

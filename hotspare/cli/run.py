@@ -180,7 +180,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"hotspare run: error: {e}", file=sys.stderr)
         return 2
 
-
     from hotspare.coordinator import Coordinator, Ledger
     from hotspare.coordinator.nodes import NodeEndpoint, Nodes
     from hotspare.policy.decide import ClusterView
