@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hotspare.agent import NodeAgent
-from hotspare.coordinator.control import ControlServer, send
+from hotspare.coordinator.control import ControlServer, send, token_for
 from hotspare.coordinator.nodes import NodeEndpoint, Nodes
 from hotspare.coordinator.trust import check_claims
 from hotspare.errors import ProtocolError
@@ -184,7 +184,7 @@ def test_operator_commands_need_the_token_and_are_logged_with_their_origin(tmp_p
         assert stat.S_IMODE(control.run_file.stat().st_mode) == 0o600
         assert stat.S_IMODE(control.run_file.parent.stat().st_mode) == 0o700
         token = json.loads(control.run_file.read_text())["token"]
-        assert token == auth.operator_token(SECRET)
+        assert token == auth.operator_token(SECRET) == token_for(control.address)   # --job HOST:PORT finds it
         sock, lines = raw(control.address)                    # no token
         send_line(sock, {**LINE, "type": "inject", "spec": "kill:rank=1", "operator": "mallory", "proof": "0"})
         reply = json.loads(lines.readline())
