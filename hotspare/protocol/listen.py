@@ -146,8 +146,8 @@ class Listener:
         try:
             hello = self._handshake(ch)
         except (OSError, ProtocolError, ValueError) as e:
-            with self._lock:
-                expired = time.monotonic() >= self._pending.get(ch, 0.0)
+            with self._lock:                  # the reaper took it out: it ran out of time
+                expired = ch not in self._pending
             self._refusals.say(f"{self.name}: refused a connection from {who}: "
                  + (f"no hello within {self.deadline_s:.0f} s" if expired else str(e)))
             self._done_pending(ch)
@@ -162,7 +162,10 @@ class Listener:
     def _reap_loop(self) -> None:
         while not self._closed.wait(min(0.5, self.deadline_s / 4)):
             now = time.monotonic()
-            with self._lock:
+            with self._lock:                    # taken out of pending here: a handshake that ends
                 late = [ch for ch, deadline in self._pending.items() if deadline <= now]
+                for ch in late:                 # now finds itself too late, and closes
+                    del self._pending[ch]
             for ch in late:
-                ch.close()                      # its thread's read returns; it refuses and cleans up
+                self._slots.release()
+                ch.close()                      # its thread's read returns; it refuses
