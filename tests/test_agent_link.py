@@ -35,20 +35,23 @@ def next_event(events, kinds, timeout=20.0, skipped=None):
             skipped.append((kind, who, payload))
 
 
+SECRET = b"s" * 32
+
+
 @contextlib.contextmanager
 def _linked(spawn):
     events: queue.Queue = queue.Queue()
-    endpoint = NodeEndpoint(events)
+    nodes = Nodes()
+    endpoint = NodeEndpoint(events, SECRET, owner=nodes.owner)
     agents = []
 
     def connect(node, devices=None, device_fault=None):
-        agent = NodeAgent(WORKER, ENV, coordinator=endpoint.address, node=node, devices=devices,
+        agent = NodeAgent(WORKER, ENV, coordinator=endpoint.address, secret=SECRET, node=node, devices=devices,
                           device_fault=device_fault, spawn=spawn)
         assert (agent.zygote is not None) == (spawn == "fork")
         agents.append(agent)
         return agent
 
-    nodes = Nodes()
     try:
         yield events, endpoint, nodes, connect
     finally:
@@ -154,13 +157,16 @@ def test_endpoint_refuses_strangers_and_bad_lines(link):
     events, endpoint, nodes, connect = link
     host, port = endpoint.address.rsplit(":", 1)
     stranger = Channel.connect(host, int(port))                 # not an agent: refused, told why
+    assert stranger.recv()["type"] == "challenge"
     stranger.send(make("probe", gen=1))
     reply = stranger.recv()
     assert reply["type"] == "refused" and "agent_hello" in reply["message"]
     assert stranger.recv() is None
     old = socket.create_connection((host, int(port)))           # another protocol version
     old.sendall(json.dumps({"v": 0, "type": "agent_hello"}).encode() + b"\n")
-    assert b"protocol version 0 is not supported" in old.makefile("rb").readline()
+    lines = old.makefile("rb")
+    assert b"challenge" in lines.readline()
+    assert b"protocol version 0 is not supported" in lines.readline()
     old.close()
 
     agent = connect("n0")
@@ -308,4 +314,4 @@ def test_a_lost_zygote_leaves_the_agent_starting_fresh_interpreters(fork_link):
 def test_an_unknown_spawn_method_is_refused_before_anything_starts():
     from hotspare.errors import ConfigError
     with pytest.raises(ConfigError, match="spawn method 'clone' unknown; use one of fork, exec"):
-        NodeAgent(WORKER, ENV, coordinator="127.0.0.1:1", spawn="clone")
+        NodeAgent(WORKER, ENV, coordinator="127.0.0.1:1", secret=SECRET, spawn="clone")

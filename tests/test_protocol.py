@@ -85,3 +85,25 @@ def test_held_back_messages_go_out_in_order_in_one_write():
     assert [rx.recv()["step"] for _ in range(2)] == [7, 8]
     tx.close()
     rx.close()
+
+
+def test_a_fault_for_a_running_job_must_name_one_of_its_ranks():
+    assert parse("kill:rank=1", world_size=2, running=True).now
+    for spec in ("kill:rank=99", "exit:rank=2:code=3", "thermal:rank=5:temp=95"):
+        with pytest.raises(ConfigError, match="does not exist"):
+            parse(spec, world_size=2, running=True)
+
+
+@pytest.mark.parametrize("raw, match", [
+    (b'{"v": 1, "type": "commit", "gen": 1, "rank": 0, "step": 1, "dt": NaN}', "not a number"),
+    (b'{"v": 1, "type": "commit", "gen": 1, "rank": 0, "step": 1, "dt": 1e999}', "'dt' is not a finite number"),
+    (b'{"v": 1, "type": "commit", "gen": 1, "rank": 0, "step": 1, "dt": 0.1, "metrics": "boom"}', "metrics"),
+    (b'{"v": 1, "type": "commit", "gen": 1, "rank": 0, "step": 1, "dt": 0.1, "metrics": {"a": null}}', "metrics"),
+    (b'{"v": 1, "type": "commit", "gen": -1, "rank": 0, "step": 1, "dt": 0.1}', "'gen' = -1 is outside"),
+    (b'{"v": 1, "type": "relay", "worker": "w1", "t": 1e12, "msg": {}}', "'t' = 1000000000000.0 is outside"),
+    (b'{"v": 1, "type": "step", "gen": 1, "rank": 0, "step": ' + b"9" * 5000 + b"}", "not valid JSON"),
+    (b"[" * 50000, "not valid JSON"),
+])
+def test_numbers_must_be_finite_and_in_range_and_nested_fields_typed(raw, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode(raw)

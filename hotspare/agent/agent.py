@@ -9,6 +9,11 @@ coordinator's decisions come down as commands (``spawn``, ``kill``, ``deliver``,
 ``shutdown``). A command the agent cannot carry out is answered with ``refused``; the job goes on.
 In ``hotspare run`` the agent lives in the launcher beside the coordinator, over loopback, by the
 same code path a remote agent would take.
+
+Both of its connections are authenticated (``hotspare.protocol.auth``): it proves the job secret
+to the coordinator, and each worker it spawns gets its own token in its environment and must
+prove it on the worker port; a worker id that already has a connection cannot get a second one,
+and only a worker's own kinds of message are relayed.
 """
 from __future__ import annotations
 
@@ -26,8 +31,10 @@ from hotspare.agent.inject import Fault, Injector, parse
 from hotspare.agent.zygote import (ForkedProc, Zygote, ZygoteError, die_with_parent, forkable,
                                    preload_for)
 from hotspare.errors import ConfigError, ProtocolError
-from hotspare.protocol.channel import Channel, serve
-from hotspare.protocol.messages import make, validate
+from hotspare.protocol import auth
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.listen import Listener, bound_server
+from hotspare.protocol.messages import FROM_WORKER, Message, make, validate
 
 SPAWN_METHODS = ("fork", "exec")
 REGISTER_S = 10.0         # a worker's hello waits at most this long for its spawn to be recorded
@@ -57,12 +64,12 @@ def describe_exit(code: int) -> str:
 
 
 class NodeAgent:
-    def __init__(self, cmd: list[str], base_env: dict[str, str], coordinator: str, node: str | None = None,
-                 host: str = "127.0.0.1", devices: list[str] | None = None,
+    def __init__(self, cmd: list[str], base_env: dict[str, str], coordinator: str, secret: bytes,
+                 node: str | None = None, host: str = "127.0.0.1", devices: list[str] | None = None,
                  device_fault: Callable[[str, Fault], None] | None = None, spawn: str = "fork"):
         """Start serving workers on ``host`` and connect to the coordinator at ``coordinator``
-        (host:port). ``devices``: the node's device slots ("host/cpu0"...); the coordinator
-        places each worker on one. ``device_fault(device, fault)`` carries out injected device
+        (host:port), proving ``secret`` (the job's). ``devices``: the node's device slots
+        ("host/cpu0"...); the coordinator places each worker on one. ``device_fault(device, fault)`` carries out injected device
         faults (simulated telemetry). ``spawn``: "fork" forks workers from a zygote that has
         imported torch (``hotspare.agent.zygote``) where ``cmd`` allows, "exec" starts each as a
         fresh interpreter."""
@@ -83,19 +90,18 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._registered = threading.Condition(self._lock)   # a worker is in self.workers
         self._closed = threading.Event()
-        self._server = socket.create_server((host, 0))
-        self.port = self._server.getsockname()[1]
-        serve(self._server, self._serve, "agent-accept")
-        chost, cport = coordinator.rsplit(":", 1)
-        self.uplink = Channel.connect(chost, int(cport))
+        self._secret = secret
+        server = bound_server(host)
+        self.port = server.getsockname()[1]
+        self._listener = Listener(server, self._handshake, self._serve, "agent-accept")
+        self.uplink = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=self.node,
+                                   pid=os.getpid(), devices=self.devices, device_faults=device_fault is not None)
         if spawn == "fork" and forkable(cmd):    # it imports in the background until the first spawn
             try:
                 self.zygote = Zygote(base_env, preload=preload_for(cmd[1]))
             except ZygoteError as e:
                 print(f"hotspare agent: {e}; starting each worker as a fresh interpreter", file=sys.stderr,
                       flush=True)
-        self._up("agent_hello", node=self.node, pid=os.getpid(), devices=self.devices,
-                 device_faults=device_fault is not None)
         threading.Thread(target=self._commands, name="agent-commands", daemon=True).start()
 
     @property
@@ -165,6 +171,7 @@ class NodeAgent:
             raise ProtocolError(f"device {device!r} is not one of node {self.node}'s: {self.devices}")
         env = dict(self.base_env)
         env.update(HOTSPARE_AGENT=self.address, HOTSPARE_WORKER_ID=worker, HOTSPARE_ROLE=role)
+        env[auth.ENV_WORKER_TOKEN] = auth.worker_token(self._secret, worker)
         # LOCAL_RANK names the worker's device slot, as torchrun's does (cuda:LOCAL_RANK).
         local = str(self.devices.index(device)) if device else (str(rank) if rank is not None else "-1")
         if device:
@@ -260,7 +267,7 @@ class NodeAgent:
         if self._closed.is_set():
             return
         self._closed.set()
-        self._server.close()
+        self._listener.close()
         self.uplink.close()
         if self.zygote is not None:
             self.zygote.close()
@@ -306,24 +313,36 @@ class NodeAgent:
         ident = next((i for i, f in self._armed.items() if f is fault), -1)
         self._up("injected", worker=wp.worker, fault=str(fault), id=ident, t=now)
 
-    def _serve(self, ch: Channel) -> None:
+    def _handshake(self, ch: Channel) -> Message:
+        return auth.accept(ch, auth.WORKER, lambda worker: auth.worker_token(self._secret, worker))
+
+    def _claim(self, ch: Channel, hello: Message) -> WorkerProc:
+        """Bind ``ch`` to the authenticated worker of ``hello``, which must be one of this agent's
+        and have no control connection yet."""
+        worker = hello["worker"]
+        with self._lock:        # a forked worker can say hello before its spawn returned here
+            self._registered.wait_for(lambda: worker in self.workers, timeout=REGISTER_S)
+        wp = self.workers.get(worker)
+        if wp is None:
+            raise ProtocolError(f"worker {worker[:64]!r} is not one of node {self.node}'s")
+        with self._watch_lock:
+            if wp.channel is not None:
+                raise ProtocolError(f"worker {worker} already has a control connection")
+            wp.channel = ch
+            if self._watching:       # before its generation arrives: in order on this channel
+                ch.send(make("watch", steps=True))
+        return wp
+
+    def _serve(self, ch: Channel, hello: Message) -> None:
         wp = None
         try:
-            hello = ch.recv()
-            if hello is not None and hello["type"] == "hello":   # a forked worker can say hello
-                with self._lock:                                 # before its spawn returned here
-                    self._registered.wait_for(lambda: hello["worker"] in self.workers, timeout=REGISTER_S)
-            if hello is None or hello["type"] != "hello" or hello["worker"] not in self.workers:
-                raise ProtocolError(f"expected a hello from a worker of this agent, got {hello}")
-            wp = self.workers[hello["worker"]]
-            with self._watch_lock:
-                wp.channel = ch
-                if self._watching:       # before its generation arrives: in order on this channel
-                    ch.send(make("watch", steps=True))
+            wp = self._claim(ch, hello)
             while True:
                 msg = ch.recv()
                 if msg is None:
                     return
+                if msg["type"] not in FROM_WORKER:
+                    raise ProtocolError(f"{msg['type']!r} is not a message a worker sends")
                 now = time.time()
                 kind = msg["type"]
                 fault = None
@@ -345,9 +364,9 @@ class NodeAgent:
             return                       # the worker died; its exit is reported by _wait
         except (OSError, ProtocolError) as e:
             # A bad message drops that connection only; the job goes on.
-            print(f"hotspare agent: dropping control connection of {wp.worker if wp else '?'}: {e}",
-                  file=sys.stderr, flush=True)
+            print(f"hotspare agent: dropping control connection of {wp.worker if wp else hello['worker'][:64]!r} "
+                  f"({auth.peer(ch)}): {e}", file=sys.stderr, flush=True)
             ch.close()
         finally:
-            if wp is not None:
+            if wp is not None and wp.channel is ch:
                 wp.drained.set()

@@ -125,10 +125,13 @@ def parse(spec: str, world_size: int | None = None, running: bool = False) -> Fa
     phase = fields.get("phase")
     if "rank" not in ints:
         raise ConfigError(f"--inject {spec!r}: missing rank.\n{GRAMMAR}")
-    if phase is None and "step" not in ints and running:
-        return Fault(kind, ints["rank"], None, code=ints.get("code", 1), now=True)
-    if phase is None and "step" not in ints:
+    if phase is None and "step" not in ints and not running:
         raise ConfigError(f"--inject {spec!r}: missing step (or phase=join|transfer).\n{GRAMMAR}")
+    if world_size is not None and ints["rank"] >= world_size:
+        raise ConfigError(f"--inject {spec!r}: rank {ints['rank']} does not exist (--nproc {world_size} "
+                          f"gives ranks 0..{world_size - 1})")
+    if phase is None and "step" not in ints:         # for a running job: at the rank's next step
+        return Fault(kind, ints["rank"], None, code=ints.get("code", 1), now=True)
     if phase is not None:
         if phase not in PHASES:
             raise ConfigError(f"--inject {spec!r}: phase must be one of {', '.join(PHASES)}")
@@ -138,9 +141,6 @@ def parse(spec: str, world_size: int | None = None, running: bool = False) -> Fa
         raise ConfigError(f"--inject {spec!r}: after= and gen= only go with phase=")
     if "code" in ints and kind != "exit":
         raise ConfigError(f"--inject {spec!r}: code= only goes with exit")
-    if world_size is not None and ints["rank"] >= world_size:
-        raise ConfigError(f"--inject {spec!r}: rank {ints['rank']} does not exist (--nproc {world_size} "
-                          f"gives ranks 0..{world_size - 1})")
     return Fault(kind, ints["rank"], ints.get("step"), phase, ints.get("gen"), ints.get("code", 1),
                  ints.get("after", 0))
 

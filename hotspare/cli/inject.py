@@ -21,6 +21,8 @@ examples:
 
 The job is found from its run file (~/.hotspare/runs/PID.json, or $HOTSPARE_RUN_DIR); with
 several jobs running, name one with --job PID or --job HOST:PORT (its log prints `control:`).
+The run file (yours only, 0600) also holds the token the job asks for; a job on another host,
+or one whose run file you cannot read, needs the job's --secret-file.
 exit status: 0 armed; 1 refused by the job or no job reachable; 2 bad command line."""
 
 
@@ -31,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", help="the fault, e.g. thermal:rank=1:temp=92 (grammar below)")
     p.add_argument("--job", metavar="PID|HOST:PORT", help="which running job (default: the only one)")
+    p.add_argument("--secret-file", metavar="FILE",
+                   help="the job's secret (the file given to its `hotspare run --secret-file`), when its run "
+                        "file does not hold the token")
     p.set_defaults(func=run)
 
 
@@ -53,18 +58,34 @@ def _address(job: str | None) -> str:
     return jobs[0]["control"]
 
 
+def _token(address: str, secret_file: str | None) -> str:
+    from hotspare.coordinator.control import run_dir, token_for
+    from hotspare.protocol import auth
+    if secret_file:
+        return auth.operator_token(auth.load_secret(secret_file))
+    token = token_for(address)
+    if token is None:
+        raise LookupError(f"no run file in {run_dir()} holds the token of the job at {address}; give its "
+                          "--secret-file")
+    return token
+
+
 def run(args: argparse.Namespace) -> int:
     from hotspare.agent.inject import parse
     from hotspare.coordinator.control import send
     from hotspare.errors import ConfigError, ProtocolError
-    from hotspare.protocol.messages import make
     try:
         parse(args.spec, running=True)            # refuse a malformed spec before connecting
+        address = _address(args.job)
+        token = _token(address, args.secret_file)
     except ConfigError as e:
         print(f"hotspare inject: error: {e}", file=sys.stderr)
         return 2
+    except LookupError as e:
+        print(f"hotspare inject: {e}", file=sys.stderr)
+        return 1
     try:
-        reply = send(_address(args.job), make("inject", spec=args.spec))
+        reply = send(address, args.spec, token)
     except (LookupError, OSError, ProtocolError) as e:
         print(f"hotspare inject: {e}", file=sys.stderr)
         return 1

@@ -113,6 +113,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--master-addr", default="127.0.0.1", help="address of the rendezvous store (default: 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=0,
                    help="port of the rendezvous store (default: 0, a free port)")
+    p.add_argument("--secret-file", metavar="FILE",
+                   help="the secret that authenticates every control connection (node agents, workers, "
+                        "`hotspare inject`): a file only you can read (chmod 600) holding at least 32 "
+                        "characters, the same on every host of a job. Default: a fresh random secret for "
+                        "this job, kept in memory (docs/SECURITY.md)")
     p.add_argument("script", help="the training script (a .py file)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=run)
@@ -175,8 +180,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"hotspare run: error: {e}", file=sys.stderr)
         return 2
 
-    import torch.distributed as dist
-
     from hotspare.coordinator import Coordinator, Ledger
     from hotspare.coordinator.nodes import NodeEndpoint, Nodes
     from hotspare.policy.decide import ClusterView
@@ -186,8 +189,15 @@ def run(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         print(f"[hotspare {time.time() - t0:7.2f}s] {line}", flush=True)
 
-    # The launcher hosts the rendezvous store, so it outlives any worker.
-    store = dist.TCPStore(args.master_addr, args.master_port, is_master=True, wait_for_workers=False)
+    from hotspare.pg.bound_store import master_store
+    from hotspare.protocol import auth
+    try:
+        secret = auth.load_secret(args.secret_file) if args.secret_file else auth.new_secret()
+    except ConfigError as e:
+        print(f"hotspare run: error: {e}", file=sys.stderr)
+        return 2
+    # The launcher hosts the rendezvous store, so it outlives any worker; on --master-addr only.
+    store = master_store(args.master_addr, args.master_port)
     env = dict(os.environ)
     env.update(WORLD_SIZE=str(args.nproc), LOCAL_WORLD_SIZE=str(args.nproc), MASTER_ADDR=args.master_addr,
                MASTER_PORT=str(store.port), ROLE_WORLD_SIZE=str(args.nproc), GROUP_WORLD_SIZE="1", GROUP_RANK="0",
@@ -220,15 +230,15 @@ def run(args: argparse.Namespace) -> int:
                         checkpoint_dir=os.path.abspath(args.checkpoint_dir or "hotspare-checkpoints"),
                         health=health, faults=faults)
     # This host's node agents talk to the coordinator over TCP, as remote agents would.
-    endpoint = NodeEndpoint(events)
-    agents = _agents(args, env, endpoint.address, health.devices if health else None,
+    endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
+    agents = _agents(args, env, endpoint.address, secret, health.devices if health else None,
                      _device_fault(source, log) if source is not None else None)
     log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
     forked = all(agent.zygote is not None for agent in agents)
     log("spawn: workers and spares fork from a zygote that imported torch once (--spawn exec: fresh "
         "interpreters)" if forked else "spawn: each worker and spare starts as a fresh interpreter")
     from hotspare.coordinator.control import ControlServer
-    control = ControlServer(events, describe={"script": args.script, "nproc": args.nproc})
+    control = ControlServer(events, secret, describe={"script": args.script, "nproc": args.nproc})
     log(f"control: {control.address} (hotspare inject SPEC sends a fault to this job)")
     try:
         coord.start(nodes=len(agents))
@@ -269,7 +279,8 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _agents(args, env: dict[str, str], coordinator: str, devices: list[str] | None, device_fault) -> list:
+def _agents(args, env: dict[str, str], coordinator: str, secret: bytes, devices: list[str] | None,
+            device_fault) -> list:
     """The node agents of this host: one, or ``--local-nodes`` K, each with a contiguous share
     of the device slots."""
     import socket
@@ -286,7 +297,8 @@ def _agents(args, env: dict[str, str], coordinator: str, devices: list[str] | No
             node_env.update(GROUP_RANK=str(i), GROUP_WORLD_SIZE=str(k))
             if share:
                 node_env["LOCAL_WORLD_SIZE"] = str(len(share))
-        agents.append(NodeAgent(cmd, node_env, coordinator=coordinator, node=host if k == 1 else f"{host}-{i}",
+        agents.append(NodeAgent(cmd, node_env, coordinator=coordinator, secret=secret,
+                                node=host if k == 1 else f"{host}-{i}",
                                 devices=share, device_fault=device_fault, spawn=args.spawn))
     return agents
 

@@ -1,29 +1,35 @@
 """The launcher's control endpoint: operator commands for a running job (``hotspare inject``).
 
-One TCP listener on the launcher's host. A client sends one JSON-lines message (the same
-versioned, validated protocol as the workers'), the coordinator's event loop handles it like any
-other event, and the reply goes back on the same connection. A malformed or refused command gets
-an error reply and changes nothing; the job never notices.
+One TCP listener on the launcher's host. The listener challenges each connection; the client
+answers with one JSON-lines command (the same versioned, validated protocol as the workers')
+proven with the job's operator token (``hotspare.protocol.auth``). The coordinator's event loop
+handles it like any other event, logs it with its origin (peer address and the operator's
+name), and the reply goes back on the same connection. An unauthenticated connection is refused
+and logged; a malformed or refused command gets an error reply and changes nothing.
 
 Each running launcher leaves a run file (``~/.hotspare/runs/<pid>.json``, or under
-``$HOTSPARE_RUN_DIR``) naming its control address, so ``hotspare inject`` finds the job without
-being told where it is; the file goes when the launcher exits.
+``$HOTSPARE_RUN_DIR``), readable by the job's user only (0600, in a 0700 folder), naming its
+control address and holding the operator token, so ``hotspare inject`` finds and may command
+the job without being told where it is; the file goes when the launcher exits.
 """
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import queue
-import socket
 import time
 from pathlib import Path
 
 from hotspare.errors import ProtocolError
-from hotspare.protocol.channel import Channel, serve
-from hotspare.protocol.messages import make
+from hotspare.protocol import auth
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.listen import Listener, bound_server
+from hotspare.protocol.messages import Message, make
 
 ENV_RUN_DIR = "HOTSPARE_RUN_DIR"
 REPLY_TIMEOUT_S = 10.0
+MAX_LINE = 16 * 1024              # a command is one short line
 
 
 def run_dir() -> Path:
@@ -31,50 +37,64 @@ def run_dir() -> Path:
 
 
 class ControlServer:
-    def __init__(self, events: "queue.Queue", host: str = "127.0.0.1", describe: dict | None = None):
+    def __init__(self, events: "queue.Queue", secret: bytes, host: str = "127.0.0.1",
+                 describe: dict | None = None):
         self.events = events
-        self._server = socket.create_server((host, 0))
-        self.address = f"{host}:{self._server.getsockname()[1]}"
-        self.run_file = run_dir() / f"{os.getpid()}.json"
+        self._token = auth.operator_token(secret)
+        server = bound_server(host)
+        self.address = f"{host}:{server.getsockname()[1]}"
+        self.run_file: Path | None = run_dir() / f"{os.getpid()}.json"
         try:
-            self.run_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.run_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"pid": os.getpid(), "control": self.address, "started": time.time(),
-                                       **(describe or {})}))
-            os.replace(tmp, self.run_file)
-        except OSError:             # a read-only home: `hotspare inject --job ADDRESS` still works
+            auth.private_dir(self.run_file.parent)
+            auth.write_private(self.run_file, json.dumps({
+                "pid": os.getpid(), "control": self.address, "token": self._token, "started": time.time(),
+                **(describe or {})}))
+        except OSError:             # a read-only home: `hotspare inject --job ADDRESS --secret-file F`
             self.run_file = None
-        serve(self._server, self._serve, "hotspare-control-server")
+        self._listener = Listener(server, self._handshake, self._serve, "hotspare-control-server",
+                                  max_line=MAX_LINE)
 
     def close(self) -> None:
-        self._server.close()
+        self._listener.close()
         if self.run_file is not None:
             try:
                 self.run_file.unlink()
             except OSError:
                 pass
 
-    def _serve(self, ch: Channel) -> None:
+    def _handshake(self, ch: Channel) -> Message:
         try:
-            ch.sock.settimeout(REPLY_TIMEOUT_S)
-            msg = ch.recv()
-            if msg is None:
-                return
-            if msg["type"] != "inject":
-                raise ProtocolError(f"the control endpoint takes 'inject', not {msg['type']!r}")
+            return auth.accept(ch, auth.OPERATOR, lambda operator: self._token)
+        except ProtocolError as e:
+            _reply_error(ch, f"refused: {e}")
+            raise
+
+    def _serve(self, ch: Channel, msg: Message) -> None:
+        try:
+            origin = f"operator {msg['operator'][:64]!r} from {auth.peer(ch)}"
             reply: "queue.Queue[dict]" = queue.Queue(1)
-            self.events.put(("control", "", (msg, reply.put), time.time()))
+            self.events.put(("control", "", ({**msg, "origin": origin}, reply.put), time.time()))
+            ch.sock.settimeout(REPLY_TIMEOUT_S)
             try:
                 ch.send(reply.get(timeout=REPLY_TIMEOUT_S))
             except queue.Empty:
                 ch.send(make("control_reply", ok=False, message="the coordinator did not answer in time"))
-        except (OSError, ProtocolError) as e:
-            try:
-                ch.send(make("control_reply", ok=False, message=str(e)))
-            except OSError:
-                pass
+        except OSError:
+            pass
         finally:
             ch.close()
+
+
+def _reply_error(ch: Channel, message: str) -> None:
+    try:
+        ch.send(make("control_reply", ok=False, message=message))
+    except OSError:
+        pass
+
+
+def token_for(address: str) -> str | None:
+    """The operator token of the running job whose control address is ``address``."""
+    return next((j.get("token") for j in running_jobs() if j.get("control") == address), None)
 
 
 def running_jobs() -> list[dict]:
@@ -90,12 +110,12 @@ def running_jobs() -> list[dict]:
     return out
 
 
-def send(address: str, msg: dict) -> dict:
-    host, port = address.rsplit(":", 1)
-    ch = Channel.connect(host, int(port), timeout=REPLY_TIMEOUT_S)
+def send(address: str, spec: str, token: str) -> dict:
+    """Send the command ``inject spec`` to the job at ``address``, proven with ``token``; the reply."""
+    ch = auth.connect(address, auth.OPERATOR, token, timeout=REPLY_TIMEOUT_S,
+                      spec=spec, operator=f"{getpass.getuser()} pid {os.getpid()}")
     try:
         ch.sock.settimeout(REPLY_TIMEOUT_S + 5)
-        ch.send(msg)
         reply = ch.recv()
         if reply is None:
             raise ProtocolError("the job closed the connection without answering")

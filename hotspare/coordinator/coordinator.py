@@ -19,7 +19,9 @@ from hotspare.agent import describe_exit
 from hotspare.agent.inject import Fault, parse
 from hotspare.coordinator.ledger import FailureRecord, Ledger, MigrationRecord
 from hotspare.coordinator.nodes import Nodes, refuse
+from hotspare.coordinator.trust import check_claims
 from hotspare.errors import ConfigError, ProtocolError
+from hotspare.health.registry import RegistryError
 from hotspare.policy import decide as policy
 from hotspare.policy import hang
 from hotspare.protocol.messages import make
@@ -140,6 +142,12 @@ class Coordinator:
         if kind in ("node", "node_lost", "refused"):
             self._node_event(kind, worker, payload, t)
             return
+        if kind == "msg" and worker in self.nodes.workers:
+            try:
+                check_claims(payload, self.nodes.workers[worker].rank, self.view.generation, self.view.world_size)
+            except ProtocolError as e:
+                print(f"hotspare: refusing a message from worker {worker}: {e}", file=sys.stderr, flush=True)
+                return
         info = self.nodes.observe(kind, worker, payload)
         if kind in ("msg", "exit", "started", "stopped", "injected") and info is None:
             print(f"hotspare: ignoring {kind} about unknown worker {worker!r}", file=sys.stderr)
@@ -171,8 +179,9 @@ class Coordinator:
         msg = payload
         try:
             sig = self._to_signal(worker, msg, t)
-        except (KeyError, ProtocolError) as e:
-            print(f"hotspare: ignoring bad message from {worker}: {e}", file=sys.stderr)
+        except (KeyError, TypeError, ValueError, AttributeError, ProtocolError) as e:
+            # Well-formed by the schema yet unusable here: refused, the job goes on.
+            print(f"hotspare: ignoring bad message from {worker}: {type(e).__name__}: {e}", file=sys.stderr)
             return
         if sig is not None:
             self._signal(sig, t)
@@ -212,7 +221,12 @@ class Coordinator:
             return
         if self.health is not None and now - self._operator_polled >= 1.0:
             self._operator_polled = now
-            for verdict in self.health.operator_requests():
+            try:
+                requests = self.health.operator_requests()
+            except RegistryError as e:          # e.g. out of file descriptors for a moment
+                self.log(f"HEALTH  operator commands not read this time: {e}")
+                requests = []
+            for verdict in requests:
                 self.log(f"OPERATOR {verdict.device}: {verdict.reason}")
                 self._act_on(verdict, now, "registry")
         while self.unplaced and self.nodes.free_devices():
@@ -327,19 +341,22 @@ class Coordinator:
         return decision
 
     def _control(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """An operator command from the control endpoint; a bad one changes nothing."""
+        """An operator command from the control endpoint (authenticated; ``origin`` says by
+        whom, from where); a bad one changes nothing, and is logged too."""
+        origin = msg.get("origin", "?")
         if self.view.phase in ("finished", "stopped"):
             return make("control_reply", ok=False, message=f"the job has {self.view.phase}")
         try:
             fault = parse(msg["spec"], world_size=self.view.world_size, running=True)
         except ConfigError as e:
+            self.log(f"OPERATOR refused inject {msg['spec'][:100]!r} from {origin}: {str(e).splitlines()[0]}")
             return make("control_reply", ok=False, message=str(e))
         if fault.target == "device" and not self.nodes.device_faults():
             return make("control_reply", ok=False, message=f"{fault.kind} faults need simulated telemetry "
                         "(hotspare run --telemetry simulated)")
         self.nodes.arm(str(fault), running=True)
         when = f"at step {fault.step}" if fault.step is not None else "at its next step"
-        self.log(f"OPERATOR inject {fault}: fires on rank {fault.rank} {when}")
+        self.log(f"OPERATOR inject {fault} from {origin}: fires on rank {fault.rank} {when}")
         return make("control_reply", ok=True, message=f"{fault} armed: fires on rank {fault.rank} {when}")
 
     # ------------------------------------------------------------------ health

@@ -1,7 +1,10 @@
 """The coordinator's side of its node agents: their links, and what it knows of their workers.
 
-Each node agent connects to the ``NodeEndpoint`` and says ``agent_hello``; from then on its
-messages become events on the coordinator's queue, in the order the agent sent them. ``Nodes``
+Each node agent connects to the ``NodeEndpoint`` and says ``agent_hello``, proven with the job
+secret (``hotspare.protocol.auth``); from then on its messages become events on the
+coordinator's queue, in the order the agent sent them. A node speaks only for the workers the
+coordinator placed on it: a message about any other worker is refused and logged, as is a
+relayed message that is not a worker's or whose time is far from the coordinator's clock. ``Nodes``
 is the coordinator's picture of the fleet, kept by the coordinator's own thread from those
 events: which workers exist, where, on which device, their pid and last step. It also carries
 the coordinator's decisions down as commands: placement (which node and device a new worker
@@ -10,19 +13,21 @@ gets) is decided here, the agent only carries it out. Nothing here blocks on an 
 from __future__ import annotations
 
 import itertools
+import math
 import queue
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hotspare.errors import ProtocolError
-from hotspare.protocol.channel import Channel, serve
-from hotspare.protocol.messages import Message, make, validate
+from hotspare.protocol import auth
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.listen import Listener, bound_server
+from hotspare.protocol.messages import FROM_WORKER, MAX_LINE, Message, make, validate
 
-HELLO_TIMEOUT_S = 10.0
+MAX_SKEW_S = 300.0         # an agent's event time may be this far from the coordinator's clock
 
 # agent message -> coordinator event kind
 _EVENTS = {"relay": "msg", "exited": "exit", "started": "started", "injected": "injected",
@@ -65,28 +70,31 @@ def refuse(ch: Channel, command: str, message: str) -> None:
 
 class NodeEndpoint:
     """The TCP listener node agents connect to. Each link is read by its own thread, which
-    turns messages into events ``(kind, worker or node, payload, time)`` on ``events``."""
+    turns messages into events ``(kind, worker or node, payload, time)`` on ``events``.
+    ``owner(worker)``: the node the coordinator placed ``worker`` on (None: no such worker)."""
 
-    def __init__(self, events: "queue.Queue", host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, events: "queue.Queue", secret: bytes, owner: Callable[[str], str | None],
+                 host: str = "127.0.0.1", port: int = 0):
         self.events = events
-        self._server = socket.create_server((host, port))
-        self.address = f"{host}:{self._server.getsockname()[1]}"
-        serve(self._server, self._serve, "hotspare-node-endpoint")
+        self._key = auth.node_key(secret)
+        self._owner = owner
+        server = bound_server(host, port)
+        self.address = f"{host}:{server.getsockname()[1]}"
+        # A relay wraps a worker's line (at most MAX_LINE on the agent's worker port): room for both.
+        self._listener = Listener(server, self._handshake, self._serve, "hotspare-node-endpoint",
+                                  max_line=2 * MAX_LINE)
 
     def close(self) -> None:
-        self._server.close()
+        self._listener.close()
 
-    def _serve(self, ch: Channel) -> None:
+    def _handshake(self, ch: Channel) -> Message:
         try:
-            ch.sock.settimeout(HELLO_TIMEOUT_S)
-            hello = ch.recv()
-            if hello is None or hello["type"] != "agent_hello":
-                raise ProtocolError(f"a node agent must begin with agent_hello, got {hello and hello['type']!r}")
-            ch.sock.settimeout(None)
-        except (OSError, ProtocolError) as e:
-            print(f"hotspare: refusing a connection to the node endpoint: {e}", file=sys.stderr, flush=True)
+            return auth.accept(ch, auth.NODE, lambda node: self._key)
+        except ProtocolError as e:
             refuse(ch, "connect", str(e))
-            return
+            raise
+
+    def _serve(self, ch: Channel, hello: Message) -> None:
         node = hello["node"]
         self.events.put(("node", node, (hello, ch), time.time()))
         while True:
@@ -94,32 +102,52 @@ class NodeEndpoint:
                 msg = ch.recv()
             except ProtocolError as e:
                 # One bad line is refused; the link and this node's workers go on.
-                print(f"hotspare: ignoring a bad message from node {node}: {e}", file=sys.stderr, flush=True)
+                _say(f"ignoring a bad message from node {node}: {e}")
                 continue
             except OSError:
                 msg = None
             if msg is None:       # the payload tells this link from a later one of the same name
                 self.events.put(("node_lost", node, ch, time.time()))
                 return
-            kind = _EVENTS.get(msg["type"])
-            if kind is None:
-                print(f"hotspare: ignoring {msg['type']!r} from node {node}: not an agent message",
-                      file=sys.stderr, flush=True)
-                continue
-            if kind == "msg":
-                try:
-                    validate(msg["msg"])
-                except ProtocolError as e:
-                    print(f"hotspare: ignoring a bad worker message relayed by node {node}: {e}",
-                          file=sys.stderr, flush=True)
-                    continue
-                self.events.put(("msg", msg["worker"], msg["msg"], float(msg["t"])))
-            elif kind == "refused":
-                self.events.put((kind, node, msg, time.time()))
-            elif kind == "injected":
-                self.events.put((kind, msg["worker"], msg, float(msg["t"])))
-            else:
-                self.events.put((kind, msg["worker"], msg, time.time()))
+            try:
+                self._event(node, msg)
+            except ProtocolError as e:
+                _say(f"refusing {msg['type']!r} from node {node} ({auth.peer(ch)}): {e}")
+
+    def _event(self, node: str, msg: Message) -> None:
+        """Queue the event ``msg`` stands for, or raise ProtocolError: not an agent's message,
+        about a worker of another node, or not a worker's message inside a relay."""
+        kind = _EVENTS.get(msg["type"])
+        if kind is None:
+            raise ProtocolError("not an agent message")
+        if kind == "refused":
+            self.events.put((kind, node, msg, time.time()))
+            return
+        worker = msg["worker"]
+        if self._owner(worker) != node:
+            raise ProtocolError(f"worker {worker[:64]!r} is not one this node runs")
+        if kind == "msg":
+            inner = validate(msg["msg"])
+            if inner["type"] not in FROM_WORKER or inner.get("worker", worker) != worker:
+                raise ProtocolError(f"a relayed {inner['type']!r} is not a message worker {worker} may send")
+            self.events.put(("msg", worker, inner, _event_time(msg["t"])))
+        elif kind == "injected":
+            self.events.put((kind, worker, msg, _event_time(msg["t"])))
+        else:
+            self.events.put((kind, worker, msg, time.time()))
+
+
+def _event_time(t: float) -> float:
+    """An agent's time stamp, if it is sane: never later than now (a time far ahead would
+    keep hang detection from ever firing)."""
+    now = time.time()
+    if not math.isfinite(t) or abs(t - now) > MAX_SKEW_S:
+        raise ProtocolError(f"event time {t!r} is more than {MAX_SKEW_S:.0f} s from the coordinator's clock")
+    return min(t, now)
+
+
+def _say(line: str) -> None:
+    print(f"hotspare: {line}", file=sys.stderr, flush=True)
 
 
 class Nodes:
@@ -134,6 +162,11 @@ class Nodes:
         self.armed: dict[int, tuple[str, bool]] = {}     # faults not fired yet: id -> (spec, running)
 
     # ------------------------------------------------------------------ links
+    def owner(self, worker: str) -> str | None:
+        """The node ``worker`` was placed on (safe from any thread: one dict look-up)."""
+        info = self.workers.get(worker)
+        return info.node if info is not None else None
+
     def add(self, hello: Message, channel: Channel) -> Node:
         name = hello["node"]
         if name in self.nodes and not self.nodes[name].lost:

@@ -1,18 +1,17 @@
 """A JSON-lines connection over a TCP socket: thread-safe sends (some held back to go out
-together), blocking line reads."""
+together), blocking line reads of at most ``max_line`` bytes. Listening: ``hotspare.protocol.listen``."""
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from typing import Callable
 
 from hotspare.errors import ProtocolError
 from hotspare.protocol.messages import MAX_LINE, Message, decode, encode
 
 
 class Channel:
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, max_line: int = MAX_LINE):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self._reader = sock.makefile("rb")
@@ -20,6 +19,7 @@ class Channel:
         self._held: list[bytes] = []      # encoded messages waiting for the next send
         self._held_since = 0.0
         self.closed = False
+        self.max_line = max_line          # a longer line is refused (a listener lowers it until auth)
 
     @classmethod
     def connect(cls, host: str, port: int, timeout: float = 30.0) -> "Channel":
@@ -50,13 +50,17 @@ class Channel:
                 self.sock.sendall(data)
 
     def recv(self) -> Message | None:
-        """The next message, or None when the peer closed the connection."""
-        line = self._reader.readline(MAX_LINE + 1)
+        """The next message, or None when the connection is closed. A line longer than
+        ``max_line`` closes it (what follows could not be framed)."""
+        if self.closed:
+            return None
+        line = self._reader.readline(self.max_line + 1)
         if not line:
             return None
         if not line.endswith(b"\n"):
-            raise ProtocolError("control message too long or truncated")
-        return decode(line)
+            self.close()
+            raise ProtocolError(f"control message longer than {self.max_line} bytes, or truncated")
+        return decode(line, self.max_line)
 
     def close(self) -> None:
         self.closed = True
@@ -66,15 +70,3 @@ class Channel:
             pass
         self.sock.close()
 
-
-def serve(server: socket.socket, handle: Callable[["Channel"], None], name: str) -> None:
-    """Accept connections on ``server`` in a daemon thread, one daemon thread per connection
-    running ``handle(channel)``; stops when the server socket is closed."""
-    def accept() -> None:
-        while True:
-            try:
-                sock, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(Channel(sock),), daemon=True).start()
-    threading.Thread(target=accept, name=name, daemon=True).start()

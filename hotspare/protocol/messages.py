@@ -4,11 +4,16 @@ Only small metadata travels here (tensors go peer to peer over torch.distributed
 received is ever unpickled: a message is plain JSON checked against the schema below. A message
 of another protocol version, an unknown type, or a missing/mistyped field is refused with a
 ``ProtocolError`` that names the problem; the sender's connection is dropped, the job goes on.
+Numbers must be finite (JSON's NaN/Infinity and overflowing literals are refused) and the
+fields named in ``RANGES`` within their range; nested fields (``metrics``, ``timings``,
+``health``, lists) are checked by type too (``NESTED``). Who may send which message is checked
+where it arrives (``hotspare.protocol.auth``, the agent, the node endpoint).
 """
 from __future__ import annotations
 
 import json
-from typing import Any
+import math
+from typing import Any, Callable
 
 from hotspare.errors import ProtocolError
 
@@ -28,8 +33,10 @@ _DICT = (dict,)
 # type -> {field: accepted python types}. Extra fields are allowed (forward compatible);
 # missing or mistyped required fields are not.
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
+    # listener -> client, first thing on every connection (hotspare.protocol.auth)
+    "challenge": {"nonce": _STR},
     # worker -> agent
-    "hello": {"worker": _STR, "pid": _INT, "role": _STR},
+    "hello": {"worker": _STR, "pid": _INT, "role": _STR, "proof": _STR},
     "ready": {"worker": _STR, "committed": _INT},
     # "step", "joining" and "transfer" are fault triggers: while faults are armed ("watch") they
     # carry a "wait" sequence number, and the worker goes on only once the agent answers "go"
@@ -60,7 +67,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "go": {"wait": _INT},            # the agent saw the trigger with this "wait" number: go on
     "handoff": {"gen": _INT, "rank": _INT, "handoff": _STR},
     # node agent -> coordinator (hotspare.agent, hotspare.coordinator.nodes): what it saw happen
-    "agent_hello": {"node": _STR, "pid": _INT, "devices": _LIST, "device_faults": _BOOL},
+    "agent_hello": {"node": _STR, "pid": _INT, "devices": _LIST, "device_faults": _BOOL, "proof": _STR},
     "started": {"worker": _STR, "pid": _INT},
     "exited": {"worker": _STR, "code": _INT},
     "relay": {"worker": _STR, "t": _NUM, "msg": _DICT},      # a worker's message, as it arrived
@@ -75,9 +82,25 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "disarm": {"id": _INT},                                  # it fired on another node
     "shutdown": {"grace": _NUM},                             # end the workers, then close the link
     # operator (hotspare inject) <-> launcher
-    "inject": {"spec": _STR},
+    "inject": {"spec": _STR, "operator": _STR, "proof": _STR},
     "control_reply": {"ok": (bool,), "message": _STR},
 }
+
+# What a worker may say to its agent (and the agent relays): nothing else is relayed.
+FROM_WORKER = frozenset({"ready", "step", "reducing", "joining", "transfer", "checkpointed", "commit",
+                         "failed", "crash", "joined", "done", "paused", "handed_off"})
+
+_BIG = 2 ** 62
+# field -> (lowest, highest) accepted, wherever it appears as a number
+RANGES: dict[str, tuple[float, float]] = {
+    "gen": (0, 2 ** 31), "rank": (0, 2 ** 20), "world": (1, 2 ** 20), "step": (-1, _BIG),
+    "committed": (-1, _BIG), "total": (0, _BIG), "bytes": (0, _BIG), "pid": (1, 2 ** 31),
+    "wait": (0, _BIG), "id": (-1, _BIG),
+    "dt": (0, 1e7), "seconds": (0, 1e7), "grace": (0, 3600), "t": (0, 1e11),
+    "compute": (0, 1e7), "comm": (0, 1e7), "check": (0, 1e7), "check_cpu": (0, 1e7), "fp": (0, 1e7),
+}
+MAX_ITEMS = 1024                  # entries of a nested list or dict
+MAX_NAME = 256                    # a metric's, timing's or device's name
 
 
 Message = dict[str, Any]
@@ -91,6 +114,73 @@ def make(type_: str, **fields: Any) -> Message:
 
 def encode(msg: Message) -> bytes:
     return (json.dumps(msg, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+def _fail(kind: str, what: str) -> None:
+    raise ProtocolError(f"message {kind!r}: {what}")
+
+
+def _number(value: Any) -> bool:
+    """A finite number (bools are not numbers here)."""
+    return (type(value) is int or (type(value) is float and math.isfinite(value)))
+
+
+def _mapping(kind: str, field: str, value: Any, ok: Callable[[Any], bool], expect: str) -> None:
+    if not isinstance(value, dict) or len(value) > MAX_ITEMS:
+        _fail(kind, f"field {field!r} must be an object of at most {MAX_ITEMS} entries")
+    for k, v in value.items():
+        if len(k) > MAX_NAME or not ok(v):
+            _fail(kind, f"field {field!r}: entry {k[:40]!r} must be {expect}")
+
+
+def _sequence(kind: str, field: str, value: Any, ok: Callable[[Any], bool], expect: str) -> None:
+    if not isinstance(value, list) or len(value) > MAX_ITEMS or not all(map(ok, value)):
+        _fail(kind, f"field {field!r} must be a list of at most {MAX_ITEMS} {expect}")
+
+
+def _rank(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and RANGES["rank"][0] <= v <= RANGES["rank"][1]
+
+
+def _short(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= MAX_NAME
+
+
+def _metric(v: Any) -> bool:
+    return _number(v) or (isinstance(v, str) and len(v) <= MAX_NAME)
+
+
+def _health(kind: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        _fail(kind, "field 'health' must be an object")
+    if not isinstance(value.get("kind"), str) or not isinstance(value.get("detail", ""), str):
+        _fail(kind, "health needs 'kind' (and 'detail') as strings")
+    _sequence(kind, "health.suspects", value.get("suspects"), _rank, "ranks")
+    step = value.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not -1 <= step <= _BIG:
+        _fail(kind, "health needs 'step' as a step number")
+
+
+# type -> {nested field: its check}; the field is checked when present (required ones by SCHEMA)
+NESTED: dict[str, dict[str, Callable[[str, Any], None]]] = {
+    "commit": {"metrics": lambda k, v: _mapping(k, "metrics", v, _metric, "a finite number or a short string")},
+    "joined": {"timings": lambda k, v: _mapping(k, "timings", v, _number, "a finite number")},
+    "failed": {"health": _health},
+    "generation": {"receivers": lambda k, v: _sequence(k, "receivers", v, _rank, "ranks")},
+    "agent_hello": {"devices": lambda k, v: _sequence(k, "devices", v, _short, "device names")},
+}
+
+
+def _check_values(kind: str, msg: Message) -> None:
+    for name, value in msg.items():
+        if type(value) is float and not math.isfinite(value):          # 1e999 parses as inf
+            _fail(kind, f"field {name!r} is not a finite number")
+        bounds = RANGES.get(name)
+        if bounds is not None and type(value) in (int, float) and not bounds[0] <= value <= bounds[1]:
+            _fail(kind, f"field {name!r} = {value!r} is outside {bounds[0]:g}..{bounds[1]:g}")
+    for name, check in NESTED.get(kind, {}).items():
+        if name in msg:
+            check(kind, msg[name])
 
 
 def validate(msg: Any) -> Message:
@@ -110,14 +200,20 @@ def validate(msg: Any) -> Message:
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise ProtocolError(f"message {kind!r}: field {name!r} must be "
                                 f"{'/'.join(t.__name__ for t in types)}, got {type(value).__name__}")
+    _check_values(kind, msg)
     return msg
 
 
-def decode(line: bytes) -> Message:
-    if len(line) > MAX_LINE:
-        raise ProtocolError(f"control message of {len(line)} bytes exceeds the {MAX_LINE}-byte limit")
+def decode(line: bytes, max_line: int = MAX_LINE) -> Message:
+    if len(line) > max_line:
+        raise ProtocolError(f"control message of {len(line)} bytes exceeds the {max_line}-byte limit")
     try:
-        msg = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProtocolError(f"control message is not valid JSON: {e}") from None
+        msg = json.loads(line, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:    # bad JSON or UTF-8, NaN, Infinity, a 5000-digit int
+        raise ProtocolError(f"control message is not valid JSON: {str(e)[:200]}") from None
     return validate(msg)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number a control message may carry")
+

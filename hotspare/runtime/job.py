@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from hotspare.errors import ConfigError, JobFailed, PeerFailure, ProtocolError, StateMismatch, StateTrackingError
 from hotspare.pg import GenerationGroup
+from hotspare.protocol.auth import worker_connect
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
 from hotspare.runtime.loader import ResumableLoader
@@ -189,9 +190,7 @@ class Job:
             return
         self.worker = os.environ[ENV_WORKER]
         self.role = os.environ.get(ENV_ROLE, "active")
-        host, port = os.environ[ENV_AGENT].rsplit(":", 1)
-        self._channel = Channel.connect(host, int(port))
-        self._channel.send(make("hello", worker=self.worker, pid=os.getpid(), role=self.role))
+        self._channel = worker_connect(os.environ[ENV_AGENT], self.worker, self.role)   # says hello
         threading.Thread(target=self._read_control, name="hotspare-control", daemon=True).start()
         self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                     is_master=False, timeout=_timedelta(300), wait_for_workers=False)

@@ -4,13 +4,11 @@ faults) and step 6 once the agent says go, exits 0 on release. A real process on
 import os
 import sys
 
-from hotspare.protocol.channel import Channel
+from hotspare.protocol.auth import worker_connect
 from hotspare.protocol.messages import make
 
-host, port = os.environ["HOTSPARE_AGENT"].rsplit(":", 1)
-ch = Channel.connect(host, int(port))
 worker = os.environ["HOTSPARE_WORKER_ID"]
-ch.send(make("hello", worker=worker, pid=os.getpid(), role=os.environ["HOTSPARE_ROLE"]))
+ch = worker_connect(os.environ["HOTSPARE_AGENT"], worker, os.environ["HOTSPARE_ROLE"])   # proves its token
 env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "HOTSPARE_DEVICE")}
 ch.send(make("ready", worker=worker, committed=-1, device=os.environ.get("HOTSPARE_DEVICE", ""), env=env))
 while True:

@@ -1,0 +1,179 @@
+"""Who may speak on a control channel: a per-job secret and a challenge-response at connect.
+
+Every listener (the coordinator's node endpoint, each agent's worker port, the launcher's control
+port) opens a connection by sending ``challenge`` with a fresh random nonce. The client's first
+message (``agent_hello``, ``hello`` or ``inject``) carries ``proof`` = HMAC-SHA256(key, role,
+identity, nonce); the listener recomputes it and compares in constant time. A connection that
+fails the proof, or says nothing in time, is refused and logged; one that passes is bound to
+that identity for its life (nothing else can write into an established TCP connection without
+root), so later messages need no MAC of their own and the step path costs nothing extra.
+
+Keys, all derived from the job secret (``new_secret`` in the launcher, or ``--secret-file`` for a
+secret shared by many hosts):
+
+- a node agent proves it holds the secret itself (``node_key``);
+- a worker holds only its own token, HMAC(secret, worker id) (``worker_token``), handed to it
+  in its environment by the agent that spawns it: one worker cannot pose as another;
+- an operator (``hotspare inject``) holds the operator token from the launcher's run file,
+  which only the job's user can read (``write_private``).
+
+Threat model and limits: docs/SECURITY.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any, Callable
+
+from hotspare.errors import ConfigError, ProtocolError
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.messages import Message, make
+
+ENV_WORKER_TOKEN = "HOTSPARE_WORKER_TOKEN"
+SECRET_BYTES = 32
+MIN_SECRET_CHARS = 32             # a secret file holds at least this many characters
+HELLO_TIMEOUT_S = 5.0             # a connection must prove itself within this time
+HELLO_MAX_LINE = 16 * 1024        # before the proof, no line may be longer
+CHALLENGE_WAIT_S = 30.0           # a client waits this long for a busy listener's challenge
+
+NODE, WORKER, OPERATOR = "node", "worker", "operator"
+# role -> (the first message's type, the field naming who speaks)
+HELLOS = {NODE: ("agent_hello", "node"), WORKER: ("hello", "worker"), OPERATOR: ("inject", "operator")}
+
+
+class AuthError(ProtocolError):
+    """A connection that could not prove who it is, or spoke out of its role."""
+
+
+# ---------------------------------------------------------------------- keys
+def new_secret() -> bytes:
+    return secrets.token_bytes(SECRET_BYTES)
+
+
+def _derive(secret: bytes, label: str) -> str:
+    return hmac.new(secret, label.encode(), hashlib.sha256).hexdigest()
+
+
+def node_key(secret: bytes) -> str:
+    return _derive(secret, "hotspare node")
+
+
+def worker_token(secret: bytes, worker: str) -> str:
+    return _derive(secret, f"hotspare worker\n{worker}")
+
+
+def operator_token(secret: bytes) -> str:
+    return _derive(secret, "hotspare operator")
+
+
+def proof(key: str, role: str, identity: str, nonce: str) -> str:
+    return hmac.new(key.encode(), f"hotspare-v1\n{role}\n{identity}\n{nonce}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def verify(key: str, role: str, identity: str, nonce: str, given: str) -> bool:
+    return hmac.compare_digest(proof(key, role, identity, nonce), given)
+
+
+# ---------------------------------------------------------------------- secret files
+def load_secret(path: str | os.PathLike) -> bytes:
+    """The secret in ``path``: a file of the job's user that nobody else can read."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+        text = p.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--secret-file {p}: cannot read it ({e}); create one with "
+                          f"`python -c 'import secrets; print(secrets.token_hex(32))' > {p}; chmod 600 {p}`") from None
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"--secret-file {p}: others can read or own it (mode {stat.filemode(st.st_mode)}); "
+                          f"it must belong to you and be private: chmod 600 {p}")
+    if len(text) < MIN_SECRET_CHARS:
+        raise ConfigError(f"--secret-file {p}: holds {len(text)} characters, at least {MIN_SECRET_CHARS} are "
+                          "needed (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
+    return text.encode()
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable and writable by this user only."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)          # whatever the umask, or an older file of that name
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it this user's only (0700)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+# ---------------------------------------------------------------------- server side
+def peer(ch: Channel) -> str:
+    try:
+        host, port = ch.sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
+
+
+def accept(ch: Channel, role: str, key_for: Callable[[str], str | None]) -> Message:
+    """Challenge a new connection and check its first message: the hello of ``role`` whose
+    proof matches the key ``key_for(identity)`` (None: nobody of that name may connect).
+    Returns the hello; raises AuthError (the caller refuses and logs). The listener
+    (``hotspare.protocol.listen``) bounds how long this may take."""
+    kind, field = HELLOS[role]
+    nonce = secrets.token_hex(16)
+    ch.send(make("challenge", nonce=nonce))
+    hello = ch.recv()
+    if hello is None:
+        raise AuthError("closed before saying who it is")
+    if hello["type"] != kind:
+        raise AuthError(f"a {role} connection must begin with {kind!r}, got {hello['type']!r}")
+    identity, given = hello.get(field), hello.get("proof")
+    if not isinstance(identity, str) or not isinstance(given, str):
+        raise AuthError(f"{kind!r} lacks {field!r} or its proof")
+    key = key_for(identity)
+    if key is None or not verify(key, role, identity, nonce, given):
+        raise AuthError(f"{role} {identity[:64]!r} failed authentication (wrong or missing job secret)")
+    return hello
+
+
+# ---------------------------------------------------------------------- client side
+def connect(address: str, role: str, key: str, /, timeout: float = CHALLENGE_WAIT_S, **fields: Any) -> Channel:
+    """Connect to ``address`` (host:port), answer its challenge with the hello of ``role``
+    (``fields`` must name the identity), and return the authenticated channel."""
+    kind, field = HELLOS[role]
+    host, port = address.rsplit(":", 1)
+    ch = Channel.connect(host, int(port), timeout=timeout)
+    try:
+        ch.sock.settimeout(timeout)
+        challenge = ch.recv()
+        if challenge is None or challenge["type"] != "challenge":
+            why = challenge["message"] if challenge and challenge["type"] == "refused" else challenge
+            raise AuthError(f"{address} did not challenge this connection: {why}")
+        ch.sock.settimeout(None)
+        ch.send(make(kind, proof=proof(key, role, str(fields[field]), challenge["nonce"]), **fields))
+    except BaseException:
+        ch.close()
+        raise
+    return ch
+
+
+def worker_connect(address: str, worker: str, role: str) -> Channel:
+    """A managed worker's control channel to its agent, proven with the token its agent gave
+    it (``HOTSPARE_WORKER_TOKEN``)."""
+    token = os.environ.get(ENV_WORKER_TOKEN)
+    if not token:
+        raise ConfigError(f"{ENV_WORKER_TOKEN} is not set: a managed worker is started by a hotspare agent "
+                          "(hotspare run), which hands it its token")
+    return connect(address, WORKER, token, worker=worker, pid=os.getpid(), role=role)

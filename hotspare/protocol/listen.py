@@ -1,0 +1,171 @@
+"""Listening for control connections with bounded resources.
+
+``Listener`` accepts on a bound socket in a daemon thread and gives each connection a thread
+of its own, in two stages:
+
+1. ``handshake(channel)`` -- the connection has not proven who it is. At most ``max_pending``
+   connections are in this stage at once (further ones wait in the kernel's backlog until a slot
+   frees), each line is at most ``hello_max_line`` bytes, and a reaper shuts down any that has
+   not finished within ``deadline_s`` (a slowloris trickling bytes included).
+2. ``handle(channel, hello)`` -- authenticated: lines up to ``max_line`` bytes, no deadline.
+
+A failed handshake is logged with the peer's address (at most ``LOG_BURST`` lines per
+``LOG_WINDOW_S``, then a count, so a flood of connections cannot flood the log) and the
+connection closed. The accept
+loop survives running out of file descriptors or threads (EMFILE, ENFILE, ENOBUFS, ENOMEM): it
+logs, backs off and goes on serving; it ends only when the listening socket is closed.
+"""
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from hotspare.errors import ProtocolError
+from hotspare.protocol.auth import HELLO_MAX_LINE, HELLO_TIMEOUT_S, peer
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.messages import MAX_LINE
+
+MAX_PENDING = 32
+LOG_BURST, LOG_WINDOW_S = 20, 10.0
+_SCARCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN}
+_BACKOFF_S = (0.01, 1.0)
+
+
+def _say(line: str) -> None:
+    print(f"hotspare: {line}", file=sys.stderr, flush=True)
+
+
+def bound_server(host: str, port: int = 0) -> socket.socket:
+    """A listening TCP socket bound to ``host`` only (IPv4 or IPv6 by its form)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=128)
+
+
+class _RateLog:
+    """At most ``burst`` lines per ``window`` seconds; the rest are counted and the count said
+    with the next line let through."""
+
+    def __init__(self, burst: int = LOG_BURST, window: float = LOG_WINDOW_S):
+        self.burst, self.window = burst, window
+        self._lock = threading.Lock()
+        self._start, self._said, self._held = 0.0, 0, 0
+
+    def say(self, line: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._start >= self.window:
+                if self._held:
+                    line = f"{line} ({self._held} more like it in the last {self.window:.0f} s not shown)"
+                self._start, self._said, self._held = now, 0, 0
+            if self._said >= self.burst:
+                self._held += 1
+                return
+            self._said += 1
+        _say(line)
+
+
+class Listener:
+    def __init__(self, server: socket.socket, handshake: Callable[[Channel], Any],
+                 handle: Callable[[Channel, Any], None], name: str, max_line: int = MAX_LINE,
+                 max_pending: int = MAX_PENDING, deadline_s: float = HELLO_TIMEOUT_S,
+                 hello_max_line: int = HELLO_MAX_LINE):
+        self.server, self.name = server, name
+        self._handshake, self._handle = handshake, handle
+        self.max_line, self.hello_max_line, self.deadline_s = max_line, hello_max_line, deadline_s
+        self._slots = threading.BoundedSemaphore(max_pending)
+        self._pending: dict[Channel, float] = {}      # channel -> deadline
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._refusals = _RateLog()
+        threading.Thread(target=self._accept_loop, name=name, daemon=True).start()
+        threading.Thread(target=self._reap_loop, name=f"{name}-reaper", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)     # wakes the blocked accept (Linux)
+        except OSError:
+            pass
+        self.server.close()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    # ------------------------------------------------------------------ accepting
+    def _accept_loop(self) -> None:
+        backoff = _BACKOFF_S[0]
+        while not self._closed.is_set():
+            if not self._slots.acquire(timeout=0.5):
+                continue
+            try:
+                sock, _ = self.server.accept()
+            except OSError as e:
+                self._slots.release()
+                if self._closed.is_set() or e.errno not in _SCARCE | _TRANSIENT:
+                    return                      # the listening socket was closed
+                if e.errno in _SCARCE:
+                    _say(f"{self.name}: cannot accept a connection ({e.strerror}); retrying in {backoff:.2f} s")
+                    time.sleep(backoff)
+                    backoff = min(_BACKOFF_S[1], backoff * 2)
+                continue
+            backoff = _BACKOFF_S[0]
+            self._start(sock)
+
+    def _start(self, sock: socket.socket) -> None:
+        try:
+            ch = Channel(sock, max_line=self.hello_max_line)
+        except OSError:
+            sock.close()
+            self._slots.release()
+            return
+        with self._lock:
+            self._pending[ch] = time.monotonic() + self.deadline_s
+        try:
+            threading.Thread(target=self._serve, args=(ch,), name=f"{self.name}-conn", daemon=True).start()
+        except RuntimeError as e:          # no thread to spare: this one is dropped, the loop goes on
+            _say(f"{self.name}: dropping a connection: {e}")
+            self._done_pending(ch)
+            ch.close()
+
+    def _done_pending(self, ch: Channel) -> bool:
+        with self._lock:
+            if self._pending.pop(ch, None) is None:
+                return False
+        self._slots.release()
+        return True
+
+    # ------------------------------------------------------------------ one connection
+    def _serve(self, ch: Channel) -> None:
+        who = peer(ch)
+        try:
+            hello = self._handshake(ch)
+        except (OSError, ProtocolError, ValueError) as e:
+            with self._lock:                  # the reaper took it out: it ran out of time
+                expired = ch not in self._pending
+            self._refusals.say(f"{self.name}: refused a connection from {who}: "
+                 + (f"no hello within {self.deadline_s:.0f} s" if expired else str(e)))
+            self._done_pending(ch)
+            ch.close()
+            return
+        if not self._done_pending(ch):       # the reaper was first: too late
+            ch.close()
+            return
+        ch.max_line = self.max_line
+        self._handle(ch, hello)
+
+    def _reap_loop(self) -> None:
+        while not self._closed.wait(min(0.5, self.deadline_s / 4)):
+            now = time.monotonic()
+            with self._lock:                    # taken out of pending here: a handshake that ends
+                late = [ch for ch, deadline in self._pending.items() if deadline <= now]
+                for ch in late:                 # now finds itself too late, and closes
+                    del self._pending[ch]
+            for ch in late:
+                self._slots.release()
+                ch.close()                      # its thread's read returns; it refuses
