@@ -27,6 +27,9 @@ from hotspare.policy import hang
 from hotspare.protocol.messages import make
 
 
+FENCE_STACKS_S = 0.2    # a fenced worker's moment to write its stacks (SIGUSR1) before the SIGKILL
+
+
 def _fmt_ranks(ranks) -> str:
     return ",".join(map(str, ranks))
 
@@ -486,10 +489,14 @@ class Coordinator:
             for r in action.ranks:
                 self.nodes.send(self.view.members[r], make("abort", gen=action.gen, reason=reason))
         elif isinstance(action, policy.Fence):
-            for r in action.ranks:
-                worker = self.view.members[r]
+            workers = [self.view.members[r] for r in action.ranks]
+            for w in workers:     # where was it? every thread's stack goes to its stderr first
+                self.nodes.kill(w, signal.SIGUSR1, group=False)
+            time.sleep(FENCE_STACKS_S)
+            for r, worker in zip(action.ranks, workers):
                 self.fenced[worker] = (t, action.reason, action.kind)
-                self.log(f"FENCE   rank {r} ({worker}): {action.reason}; SIGKILL to its process group")
+                self.log(f"FENCE   rank {r} ({worker}): {action.reason}; SIGKILL to its process group "
+                         "(its threads' stacks are above, from faulthandler)")
                 self.nodes.kill(worker, signal.SIGKILL, group=True)
         elif isinstance(action, policy.CheckpointNow):
             self.log(f"STOPPING {action.reason} Rank {action.rank} writes a last checkpoint to "

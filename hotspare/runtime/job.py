@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import faulthandler
 import gc
 import json
 import math
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -190,6 +192,9 @@ class Job:
             return
         self.worker = os.environ[ENV_WORKER]
         self.role = os.environ.get(ENV_ROLE, "active")
+        # Before the coordinator fences this worker it sends SIGUSR1: every thread's stack goes
+        # to stderr, so a fence says where the worker was.
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
         self._channel = worker_connect(os.environ[ENV_AGENT], self.worker, self.role)   # says hello
         threading.Thread(target=self._read_control, name="hotspare-control", daemon=True).start()
         self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
