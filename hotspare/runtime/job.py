@@ -172,13 +172,12 @@ class Job:
         self.grads = GradState()
         self.loaders: list[ResumableLoader] = []
         self.epoch: int | None = None          # the epoch under job.epochs()
-        self._entry: tuple[torch.Tensor, list[int]] | None = None
+        self._entry: tuple[int, torch.Tensor, list[int]] | None = None   # (step, state, grads) as it began
         self._entry_buf: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None  # every rank's per-rank state of step _rows_step
         self._rows_step = -1
         self._rows_prev: tuple[int, torch.Tensor | None] = (-1, None)
         self._gather: tuple[Any, torch.Tensor, torch.Tensor] | None = None   # (work, rows, own row) in flight
-        self._gathered_step = -1               # the step whose gather finished on this rank
         self._verify_at = -1                   # the step whose vote checks a state transfer
         self._tracking: str | None = None      # ... and what it found
         self._checked_tracking = False
@@ -290,6 +289,10 @@ class Job:
         """``with job.step():`` guards the next step of a loop the script drives itself, e.g.
         ``for x, y in loader: with job.step(): ...``; the block's value is the step number."""
         self._require_tracked("job.step()")
+        if self.managed and self.epoch is None:
+            raise ConfigError("with job.step(): drive the loop around it with `for epoch in job.epochs(n)` "
+                              "(a replacement resumes its epoch there, and the job ends when it ends), "
+                              "or use `for step in job.steps(total): with step:`")
         return _NextStep(self)
 
     def steps(self, total: int) -> Iterator[Step]:
