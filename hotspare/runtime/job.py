@@ -54,7 +54,7 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
 from hotspare.runtime.loader import ResumableLoader
 from hotspare.runtime.persist import Persister
-from hotspare.runtime.rankstate import GradState, RankState
+from hotspare.runtime.rankstate import GradState, RankState, RowTable
 from hotspare.runtime.state import StateRegistry
 from hotspare.runtime.vote import HealthFault, VoteResult, fingerprint, nonfinite_verdict, row, scale_and_check, tally, word_views
 from hotspare.transfer import broadcast_state
@@ -174,10 +174,7 @@ class Job:
         self.epoch: int | None = None          # the epoch under job.epochs()
         self._entry: tuple[int, torch.Tensor, list[int]] | None = None   # (step, state, grads) as it began
         self._entry_buf: torch.Tensor | None = None
-        self._rows: torch.Tensor | None = None  # every rank's per-rank state of step _rows_step
-        self._rows_step = -1
-        self._rows_prev: tuple[int, torch.Tensor | None] = (-1, None)
-        self._gather: tuple[Any, torch.Tensor, torch.Tensor] | None = None   # (work, rows, own row) in flight
+        self.rows = RowTable(self.rankstate)   # every rank's per-rank state of the last steps
         self._verify_at = -1                   # the step whose vote checks a state transfer
         self._tracking: str | None = None      # ... and what it found
         self._checked_tracking = False
@@ -408,7 +405,7 @@ class Job:
             # The state a re-run of this step starts from (grads: which are None, which zero).
             self._entry_buf = self.rankstate.capture(self._entry_buf)
             self._entry = (step, self._entry_buf, self.grads.mask())
-            self._gather = None
+            self.rows.drop_inflight()
             self._start_vote(step)
 
     def _on_optimizer_step(self, *_: Any) -> None:
@@ -470,62 +467,32 @@ class Job:
 
     # ------------------------------------------------------------------ per-rank state rows
     def begin_gather(self) -> None:
-        """Called as this step's gradient reduction starts (the DDP hook's first bucket): the
-        forward is done, so this rank's per-rank state is what it commits with. Gather every
-        rank's into one table while the reduction runs."""
-        if self._current is None or self._gather is not None or self._generation_broken():
+        """Called as this step's gradient reduction starts (the DDP hook's first bucket): gather
+        every rank's per-rank state beside the reduction (RowTable)."""
+        if self._current is None or self._generation_broken():
             return
-        row = self.rankstate.capture()
-        rows = torch.empty(self.world_size * row.numel(), dtype=torch.uint8)
         try:
-            self._gather = (self._group.all_gather(rows, row), rows, row)
+            self.rows.begin(self._group, self.world_size, self._current)
         except Exception as e:
             self._note_comm_error(e)
             raise
 
     def finish_gather(self) -> None:
-        """Wait for the table (before any optimizer steps: a rank that applied step k holds
-        every rank's per-rank state of step k)."""
-        if self._gather is None:
-            return
-        work, rows, _ = self._gather
+        """Wait for the rows (called before any optimizer steps)."""
         try:
-            work.wait()
+            self.rows.finish()
         except Exception as e:
             self._note_comm_error(e)
             raise
-        self._keep_rows(self._current, rows)
-
-    def _keep_rows(self, step: int, rows: torch.Tensor) -> None:
-        # The rows of the step before stay too: a rank whose step fails after the gather (a
-        # failed vote) is still at that step.
-        if self._rows_step != step:
-            self._rows_prev = (self._rows_step, self._rows)
-        self._rows, self._rows_step = rows, step
-
-    def rows_for(self, step: int) -> torch.Tensor | None:
-        if self._rows_step == step:
-            return self._rows
-        prev_step, prev = self._rows_prev
-        return prev if prev_step == step else None
 
     def _settle_rows(self, step: int) -> BaseException | None:
-        """At the end of a step: the table must hold this rank's state as it commits. Gather it
-        now if no gradient reduction did, or if the state changed after the reduction began
-        (e.g. random numbers drawn after backward)."""
-        own = self._gather[2] if self._gather is not None else None
-        self._gather = None
-        if own is not None and self._rows_step == step and torch.equal(self.rankstate.capture(), own):
-            return None
+        """At the end of a step: the rows must hold this rank's state as it commits."""
         try:
             self._check_generation()
-            row = self.rankstate.capture()
-            rows = torch.empty(self.world_size * row.numel(), dtype=torch.uint8)
-            self._group.all_gather(rows, row).wait()
+            self.rows.settle(self._group, self.world_size, step)
         except Exception as e:
             self._note_comm_error(e)
             return e
-        self._keep_rows(step, rows)
         return None
 
     def _rollback(self, failed_step: int | None) -> None:
@@ -876,7 +843,7 @@ class Job:
             if self.committed != target:
                 raise StateMismatch(f"rank {self.rank} was chosen as source for step {target} "
                                     f"but holds step {self.committed}")
-            manifest, tensors = self._outgoing(self.rows_for(self.committed), self.world_size)
+            manifest, tensors = self._outgoing(self.rows.rows_for(self.committed), self.world_size)
             self._group.store.set(key, json.dumps(manifest))
             stats = broadcast_state(tensors, source, None, is_source=True, receivers=receivers)
         elif self.rank in receivers:
@@ -949,7 +916,7 @@ class Job:
             table = rows.view(count, nbytes)
             self.rankstate.restore(table[self.rank if count > 1 else 0])
             if count == self.world_size:
-                self._keep_rows(step, rows)
+                self.rows.keep(step, rows)
         elif step >= 0:
             print(f"hotspare: rank {self.rank}: the per-rank state of step {step} (random generators, "
                   "buffers, data position) was not replicated before its rank was lost; this rank goes on "
@@ -981,7 +948,7 @@ class Job:
         try:
             group = self._pair(msg, 0, float(msg.get("join_timeout") or 30.0))
             self._trigger("transfer", gen=msg["gen"], rank=self.rank, role="source")
-            table = self.rows_for(self.committed)
+            table = self.rows.rows_for(self.committed)
             own = (table.view(self.world_size, -1)[self.rank].clone() if table is not None
                    else self.rankstate.capture())
             manifest, tensors = self._outgoing(own, 1)

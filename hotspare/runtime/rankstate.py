@@ -252,3 +252,52 @@ class GradState:
                     p.grad = torch.zeros_like(p)
                 else:
                     p.grad.zero_()
+
+
+class RowTable:
+    """Every rank's per-rank state, gathered at each step; the rows of the last two steps.
+
+    ``begin`` starts the gather as the step's gradient reduction starts (the forward is done);
+    ``finish`` waits for it before any optimizer steps, so a rank that applied step k holds every
+    rank's row of step k. ``settle`` at the commit gathers again if this rank's state changed
+    after the gather began, or gathers for the first time in a step without a DDP backward. The
+    rows of the step before stay too: a rank whose step fails after the gather (a failed vote)
+    is still at that step, and may be the source."""
+
+    def __init__(self, state: RankState) -> None:
+        self.state = state
+        self._kept: list[tuple[int, torch.Tensor]] = []      # (step, rows), newest last, two at most
+        self._inflight: tuple[int, Any, torch.Tensor, torch.Tensor] | None = None  # (step, work, rows, own)
+
+    def begin(self, group: Any, world: int, step: int) -> None:
+        if self._inflight is not None and self._inflight[0] == step:
+            return
+        own = self.state.capture()
+        rows = torch.empty(world * own.numel(), dtype=torch.uint8)
+        self._inflight = (step, group.all_gather(rows, own), rows, own)
+
+    def finish(self) -> None:
+        if self._inflight is None:
+            return
+        step, work, rows, _ = self._inflight
+        work.wait()
+        self.keep(step, rows)
+
+    def settle(self, group: Any, world: int, step: int) -> None:
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and inflight[0] == step and self.rows_for(step) is not None \
+                and torch.equal(self.state.capture(), inflight[3]):
+            return
+        own = self.state.capture()
+        rows = torch.empty(world * own.numel(), dtype=torch.uint8)
+        group.all_gather(rows, own).wait()
+        self.keep(step, rows)
+
+    def drop_inflight(self) -> None:
+        self._inflight = None
+
+    def keep(self, step: int, rows: torch.Tensor) -> None:
+        self._kept = [(s, r) for s, r in self._kept if s != step][-1:] + [(step, rows)]
+
+    def rows_for(self, step: int) -> torch.Tensor | None:
+        return next((r for s, r in self._kept if s == step), None)
