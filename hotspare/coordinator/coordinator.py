@@ -8,7 +8,6 @@ their effect. Every control message it sends carries the generation, so stale on
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import queue
 import signal
@@ -53,6 +52,7 @@ class Coordinator:
         self.checkpoint_key = checkpoint_key
         self.restoring: str | None = None       # the checkpoint this generation restores, until it commits
         self.failed_restores: set[str] = set()  # checkpoints the workers could not restore
+        self._vetted: set[str] = set()          # checkpoints verified for the restore being decided
         self.preempt_timeout = preempt_timeout
         self.preempted: tuple[str, int, float] | None = None   # (signal, exit code, deadline)
         self._preempt_asked = False             # ... and a survivor was asked for the last checkpoint
@@ -216,6 +216,10 @@ class Coordinator:
                 self._worker_gone(w, -signal.SIGKILL, f"was lost with node {name}", t, node_lost=True)
 
     def _worker_gone(self, worker: str, code: int, desc: str, t: float, node_lost: bool = False) -> None:
+        wp = self.nodes.workers[worker]
+        if (wp.role == "spare" and worker not in self.view.ready_workers and code < 0
+                and self.view.phase not in ("finished", "stopped")):
+            self.log(f"SPARE   {worker} {desc} while it started; another spare takes its place")
         if (self.restoring and code > 0 and not self.committed_in_gen
                 and self.view.rank_of(worker) is not None and self.restoring not in self.failed_restores):
             # It ended on its own before the restored generation committed: it could not load it.
@@ -339,12 +343,12 @@ class Coordinator:
 
     def _signal(self, sig: policy.Signal, t: float) -> policy.Decision:
         self.view.job_step = self.ledger.max_committed()
+        self._vet_checkpoint()
         policy.observe(self.view, sig)
         decision = policy.decide(self.view, sig, t)
         if self.debug and not (isinstance(sig, policy.Tick) and not decision.actions):
             self.log(f"debug   decide {type(sig).__name__} phase={self.view.phase} -> {decision}")
         for action in decision.actions:
-            action = self._checked(action)
             self._execute(action, decision.reason, t)
             policy.apply(self.view, action)
         if self.view.phase == "recovering" and self.recovering_since is None:
@@ -531,39 +535,50 @@ class Coordinator:
             self.exit_code = self.preempted[1] if self.preempted is not None else action.code
 
     # ------------------------------------------------------------------ checkpoints
-    def _checked(self, action: policy.Action) -> policy.Action:
-        """A generation that restores a checkpoint gets one that verifies (MAC, every file's
-        digest): the one the policy chose, else the newest older one that passes, said in the log
-        and the report; with none left the job stops instead of restoring forever."""
-        if not isinstance(action, policy.FormGeneration) or not action.restore:
-            return action
-        path = action.restore
+    def _vet_checkpoint(self) -> None:
+        """Before the policy may order a restore (generation 1 of --resume, or every copy lost),
+        the checkpoint it would use must verify (MAC, every file's digest) and not have failed a
+        restore already; else the newest older one that does takes its place, said in the log
+        and the report. With none left the view holds no checkpoint, and the policy stops the
+        job instead of restoring forever."""
+        v = self.view
+        if v.phase == "starting" and v.resume:
+            path = v.resume
+        elif v.phase == "recovering" and v.checkpoint is not None and not set(v.members) - v.lost:
+            path = v.checkpoint.path
+        else:
+            return
+        if path in self._vetted:
+            return
         try:
             if path in self.failed_restores:
                 raise CheckpointError("the workers could not restore it")
             verify(path, self.checkpoint_key)
-            return action
+            self._vetted.add(path)
+            return
         except CheckpointError as e:
             why = str(e)
         root = os.path.dirname(path.rstrip(os.sep))
         info, refused = newest_valid(root, self.checkpoint_key)
-        while info is not None and info.path in self.failed_restores:
-            refused.append((info.path, "the workers could not restore it"))
+        if info is not None and info.path in self.failed_restores:
             info = None
-        note = {"refused": path, "reason": why, "used": info.path if info else None,
-                "step": info.step if info else None}
-        self.ledger.checkpoint_fallbacks.append(note)
+        self.ledger.checkpoint_fallbacks.append({"refused": path, "reason": why, "used": info and info.path,
+                                                 "step": info and info.step})
         if info is None:
-            msg = (f"the state must come from a checkpoint, but {path} is unusable ({why}) and no other "
-                   f"checkpoint in {root} verifies" + "".join(f"; {p}: {r}" for p, r in refused if p != path))
-            self.log(f"CHECKPOINT {msg}")
-            return policy.Stop(1, msg)
+            self.log(f"CHECKPOINT refused {path}: {why}; no other checkpoint in {root} verifies"
+                     + "".join(f"; {p}: {r}" for p, r in refused if p != path))
+            if v.phase == "starting":
+                self._stop_now(f"--resume: no usable checkpoint ({why})", time.time())
+            else:
+                v.checkpoint = None
+            return
         self.log(f"CHECKPOINT refused {path}: {why}; falling back to the older checkpoint of step {info.step} "
                  f"({info.path})")
-        self.view.checkpoint = policy.Checkpointed(info.step, info.path)
-        if self.view.resume:
-            self.view.resume = info.path
-        return dataclasses.replace(action, restore=info.path, target=info.step if action.gen > 1 else action.target)
+        self._vetted.add(info.path)
+        if v.phase == "starting":
+            v.resume = info.path
+        else:
+            v.checkpoint = policy.Checkpointed(info.step, info.path)
 
     def _preempt(self, signame: str, code: int, t: float) -> None:
         """SIGTERM or SIGINT to the launcher: a survivor writes a last checkpoint from memory
@@ -631,7 +646,7 @@ class Coordinator:
                      f"{_fmt_ranks(a.members.values())}; {reason}")
         self.progress_at = now
         self.reducing, self.joined, self.committed_in_gen = {}, set(), False
-        self.restoring = a.restore
+        self.restoring, self._vetted = a.restore, set()
         for m in self.ledger.migrations:
             if m.generation is None:
                 if a.handoff_from == m.worker:
