@@ -227,7 +227,12 @@ def _checkpoint_config(args: argparse.Namespace) -> None:
             raise ConfigError(f"the checkpoint key {key} lies inside {flag} {where}: whoever can write "
                               "checkpoints there could read it; keep it elsewhere (--checkpoint-key FILE)")
     args.key_file = key
-    args.key = load_key(key)      # also signs the last checkpoint of a job that stops for capacity
+    try:
+        args.key = load_key(key)   # also signs the last checkpoint of a job that stops for capacity
+    except ConfigError:
+        if args.checkpoint_dir or args.resume:
+            raise
+        args.key = None            # no checkpoints asked for: a job without a usable key still runs
     if not args.resume:
         return
     try:
@@ -364,8 +369,8 @@ def run(args: argparse.Namespace) -> int:
         for agent in agents:
             agent.close()
         endpoint.close()
-    if health is not None:    # after Ctrl-C, running diagnostics stop at once (the device stays quarantined)
-        health.close(cancel=ledger.outcome == "interrupted")
+    if health is not None:    # after Ctrl-C or SIGTERM, running diagnostics stop at once (the device stays quarantined)
+        health.close(cancel=ledger.outcome in ("interrupted", "preempted"))
         ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
                           for r in health.registry.devices() if r.device in health.devices]
     ledger.nodes = coord.nodes.describe()

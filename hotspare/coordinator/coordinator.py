@@ -556,10 +556,13 @@ class Coordinator:
             verify(path, self.checkpoint_key)
             self._vetted.add(path)
             return
-        except CheckpointError as e:
+        except (CheckpointError, ConfigError) as e:    # ConfigError: the key file itself
             why = str(e)
         root = os.path.dirname(path.rstrip(os.sep))
-        info, refused = newest_valid(root, self.checkpoint_key)
+        try:
+            info, refused = newest_valid(root, self.checkpoint_key)
+        except ConfigError as e:
+            info, refused = None, [(root, str(e))]
         if info is not None and info.path in self.failed_restores:
             info = None
         self.ledger.checkpoint_fallbacks.append({"refused": path, "reason": why, "used": info and info.path,
