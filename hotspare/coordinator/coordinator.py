@@ -544,7 +544,7 @@ class Coordinator:
         v = self.view
         if v.phase == "starting" and v.resume:
             path = v.resume
-        elif v.phase == "recovering" and v.checkpoint is not None and not set(v.members) - v.lost:
+        elif v.phase == "recovering" and v.checkpoint is not None and self._no_copy_left():
             path = v.checkpoint.path
         else:
             return
@@ -582,6 +582,14 @@ class Coordinator:
             v.resume = info.path
         else:
             v.checkpoint = policy.Checkpointed(info.step, info.path)
+
+    def _no_copy_left(self) -> bool:
+        """Every survivor has reported and none holds the state (as ``plan_recovery`` judges:
+        a survivor more than a step behind the job is no copy): the next plan is a restore."""
+        v = self.view
+        if set(v.members) - v.lost - set(v.reports):
+            return False
+        return not any(s >= v.job_step - 1 for s in v.reports.values())
 
     def _preempt(self, signame: str, code: int, t: float) -> None:
         """SIGTERM or SIGINT to the launcher: a survivor writes a last checkpoint from memory
