@@ -8,6 +8,7 @@ import pickle
 import queue
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -155,3 +156,27 @@ def test_an_unusable_checkpoint_dir_is_refused_at_start(tmp_path, kind):
     assert f"--checkpoint-dir {where}" in proc.stderr and ("not a directory" in proc.stderr
                                                            or "cannot be written" in proc.stderr), proc.stderr
     assert "START" not in proc.stdout
+
+
+def test_a_checkpoint_write_that_fails_mid_run_is_said_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    from hotspare.runtime.persist import Persister
+    from hotspare.runtime.state import StateRegistry
+    reg = StateRegistry()
+    reg.add("model", torch.nn.Linear(2, 2))
+    where = tmp_path / "ckpts"
+    monkeypatch.setenv("HOTSPARE_CHECKPOINT_DIR", str(where))
+    monkeypatch.setenv("HOTSPARE_CHECKPOINT_EVERY", "1")
+    p = Persister(reg)
+    p.after_commit(0)
+    deadline = time.monotonic() + 60
+    while not (where / "LATEST").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    where.rename(tmp_path / "moved")
+    where.write_text("the directory became a file")         # e.g. storage remounted under the job
+    err, step = "", 1
+    while "training goes on" not in err and time.monotonic() < deadline:
+        p.after_commit(step)                                  # never raises: rank 0 lives on
+        err += capsys.readouterr().err
+        step += 1
+        time.sleep(0.01)
+    assert "cannot create the checkpoint directory" in err and "training goes on" in err, err

@@ -4,7 +4,8 @@ DCP writes its metadata as a pickle, and ``pickle.load`` runs whatever a pickle 
 the pickle is read by an unpickler that resolves only the classes DCP itself writes for a
 flat dict of tensors (torch 2.13: the dataclasses of ``torch.distributed.checkpoint.metadata``,
 the file system planner's ``_StorageInfo``, ``torch.Size``, dtypes, layouts, the memory-format
-enum, ``pathlib`` paths); any other global is refused with ``CheckpointError``. Bytes entries
+enum, ``pathlib`` paths); any other global is refused (``UnsafeMetadata``, which the store
+reports as a ``CheckpointError``). Bytes entries
 (``BytesStorageMetadata``: objects DCP would ``torch.load`` as pickles) are refused too, since
 hotspare never writes them. ``VerifiedReader`` is a ``FileSystemReader`` whose
 ``read_metadata`` returns metadata parsed this way from bytes the caller has already
@@ -15,7 +16,6 @@ from __future__ import annotations
 import importlib
 import io
 import pickle
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -48,7 +48,7 @@ _ALLOWED = {
     "collections": {"OrderedDict"},
     "pathlib": {"PosixPath", "PurePosixPath"},
 }
-_REPLACED = {("torch.serialization", "_get_layout"): _layout, ("collections", "OrderedDict"): OrderedDict}
+_REPLACED = {("torch.serialization", "_get_layout"): _layout}
 _TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
 
 

@@ -14,6 +14,7 @@ with the key file ``HOTSPARE_CHECKPOINT_KEY`` names (``hotspare.checkpoint.auth`
 from __future__ import annotations
 
 import os
+import sys
 from typing import Callable
 
 import torch
@@ -73,11 +74,18 @@ class Persister:
 
     def after_commit(self, step: int) -> CheckpointInfo | None:
         """Start a background write if one is due; return a write that finished, if any (never
-        with ``on_done``: that hears of it first). A failed write raises here."""
+        with ``on_done``: that hears of it first). A failed write is said on stderr and training
+        goes on: storage trouble must not take a healthy rank down (the next write is tried at
+        its interval; the report counts the checkpoints that were written)."""
         writer = self._writer()
         if writer is None:
             return None
-        done = writer.poll()
+        try:
+            done = writer.poll()
+        except CheckpointError as e:
+            print(f"hotspare: rank 0: {e}; training goes on, the next checkpoint is tried at its interval",
+                  file=sys.stderr, flush=True)
+            done = None
         if writer.due(step):
             writer.submit(step, *_payload(self.registry.snapshot(), step))
         return done
