@@ -86,14 +86,15 @@ def test_resume_with_a_bad_sidecar_is_an_error_for_that_checkpoint_not_a_silent_
     assert proc.returncode == 2 and "not signed" in proc.stderr, proc.stderr
 
 
-def test_every_rank_lost_with_the_newest_checkpoint_damaged_falls_back_to_the_older_one(tmp_path):
-    # Rank 0 damages step 20's tensor file at step 25; all four ranks die at step 27.
+@pytest.mark.parametrize("nproc, spares", [(4, 1), (2, 2)])   # (2, 2): warm spares restore at once
+def test_every_rank_lost_with_the_newest_checkpoint_damaged_falls_back_to_the_older_one(tmp_path, nproc, spares):
+    # Rank 0 damages step 20's tensor file at step 25; every rank dies at step 27.
     env = {"CORRUPT_AT": "25", "CORRUPT_STEP": "20"}
     script, args = SCRIPTS / "corrupt_newest.py", ["40"]
-    clean = run_job(args, script=script, env={**env, "CORRUPT": "0"})
+    clean = run_job(args, nproc=nproc, spares=spares, script=script, env={**env, "CORRUPT": "0"})
     assert clean.code == 0, clean.output
-    r = run_job(args, script=script, env=env, timeout=120,
-                inject=[f"kill:rank={k}:step=27" for k in range(4)],
+    r = run_job(args, nproc=nproc, spares=spares, script=script, env=env, timeout=120,
+                inject=[f"kill:rank={k}:step=27" for k in range(nproc)],
                 extra=["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "10"])
     assert r.code == 0, r.output
     assert r.digest == clean.digest

@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 from hotspare.agent import describe_exit
 from hotspare.agent.inject import Fault, parse
-from hotspare.checkpoint import CheckpointError, newest_valid, verify, within
 from hotspare.coordinator.ledger import FailureRecord, Ledger, MigrationRecord
 from hotspare.coordinator.nodes import Nodes, refuse
 from hotspare.errors import ConfigError, ProtocolError
@@ -330,6 +329,7 @@ class Coordinator:
             self.log(f"ERROR   rank {msg['rank']} ({worker}) raised at step {msg['step']}: {msg['error'][:200]}")
             return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"])
         if kind == "checkpointed":
+            from hotspare.checkpoint import within    # here: the control CLI imports this module without torch
             if not within(msg["path"], [self.checkpoint_dir]):
                 self.log(f"CHECKPOINT refused {worker}'s report of {msg['path']!r}: it is outside the job's "
                          f"checkpoint directory {self.checkpoint_dir}")
@@ -343,8 +343,8 @@ class Coordinator:
 
     def _signal(self, sig: policy.Signal, t: float) -> policy.Decision:
         self.view.job_step = self.ledger.max_committed()
-        self._vet_checkpoint()
         policy.observe(self.view, sig)
+        self._vet_checkpoint()          # with this signal's facts, before the policy may order a restore
         decision = policy.decide(self.view, sig, t)
         if self.debug and not (isinstance(sig, policy.Tick) and not decision.actions):
             self.log(f"debug   decide {type(sig).__name__} phase={self.view.phase} -> {decision}")
@@ -550,6 +550,7 @@ class Coordinator:
             return
         if path in self._vetted:
             return
+        from hotspare.checkpoint import CheckpointError, newest_valid, verify
         try:
             if path in self.failed_restores:
                 raise CheckpointError("the workers could not restore it")
