@@ -435,6 +435,12 @@ def test_newest_valid_walks_back_past_a_damaged_newest_and_says_why(tmp_path):
     open(os.path.join(newest.path, "hotspare.json"), "w").write("{not json")
     info, refused = newest_valid(str(tmp_path))
     assert info.step == 10 and "cannot be read" in refused[0][1]
+    # A step folder that is a link to somewhere else is not one of ours, signed or not.
+    os.rename(newest.path, tmp_path / "aside")
+    save(str(tmp_path / "other"), 30, t, META, _fp(t))
+    os.symlink(tmp_path / "other" / "step-000000030", tmp_path / "step-000000030")
+    info, refused = newest_valid(str(tmp_path))
+    assert info.step == 10 and "symbolic link" in refused[0][1]
 
 
 def test_within_resolves_symbolic_links(tmp_path):

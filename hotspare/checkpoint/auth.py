@@ -11,7 +11,8 @@ job, and copying a checkpoint somewhere does not copy its key):
 * ``--checkpoint-key FILE`` (``hotspare run``), else ``$HOTSPARE_CHECKPOINT_KEY``, else
   ``~/.config/hotspare/checkpoint.key``;
 * created on first use with 32 random bytes (hex), mode 0600, its folder 0700;
-* refused when group or others may read or write it, or when it is not a regular file.
+* refused when group or others may read or write it, when another user owns it, or when it
+  is not a regular file (a symbolic link included).
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def load_key(path: str | None = None, create: bool = True) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointKeyError(f"checkpoint key {path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise CheckpointKeyError(f"checkpoint key {path} belongs to another user (uid {st.st_uid}): use "
+                                     f"a key file of your own (--checkpoint-key FILE)")
         if st.st_mode & 0o077:
             raise CheckpointKeyError(
                 f"checkpoint key {path} is readable or writable by group/others (mode "

@@ -396,6 +396,9 @@ def newest_valid(directory: str, key: bytes | None = None
     refused = []
     for name in order:
         path = os.path.join(directory, name)
+        if os.path.islink(path):
+            refused.append((path, f"{path} is a symbolic link, not a checkpoint this job wrote"))
+            continue
         try:
             return verify(path, key), refused
         except CheckpointError as e:

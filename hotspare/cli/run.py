@@ -227,6 +227,7 @@ def _checkpoint_config(args: argparse.Namespace) -> None:
             raise ConfigError(f"the checkpoint key {key} lies inside {flag} {where}: whoever can write "
                               "checkpoints there could read it; keep it elsewhere (--checkpoint-key FILE)")
     args.key_file = key
+    os.environ["HOTSPARE_CHECKPOINT_KEY"] = key     # what messages name; the workers inherit it
     try:
         args.key = load_key(key)   # also signs the last checkpoint of a job that stops for capacity
     except ConfigError:
