@@ -78,6 +78,7 @@ def test_a_spare_killed_while_it_boots_is_replaced_and_the_job_ends_bitwise_equa
     (["--telemetry-period", "inf"], "not a finite number"),
     (["--nproc", "100000"], "--oversubscribe"),
     (["--master-port", "70000"], "--master-port"),
+    (["--devices", "100000"], "at most 4096"),
     (["--inject", "exit:rank=0:step=3:code=999"], "code=999 is out of range"),
     (["--inject", "kill:rank=0:step=99999999999"], "out of range"),
 ])

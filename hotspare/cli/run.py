@@ -46,6 +46,9 @@ exit status: 0 when training finished; 1 when the job stopped (the last line say
 2 for bad command-line input; 143 / 130 after SIGTERM / SIGINT."""
 
 
+MAX_DEVICES = 4096      # simulated device slots of one node: each is polled every --telemetry-period
+
+
 def _finite(text: str) -> float:
     """An argparse type: a finite number (no nan, no inf)."""
     try:
@@ -191,6 +194,8 @@ def _validate(args: argparse.Namespace) -> list:
         raise ConfigError("--telemetry-period must be > 0 seconds")
     if args.fingerprint_every < 0:
         raise ConfigError("--fingerprint-every must be 0 (off) or a number of steps")
+    if args.devices is not None and args.devices > MAX_DEVICES:
+        raise ConfigError(f"--devices {args.devices}: at most {MAX_DEVICES} simulated device slots on one node")
     if args.devices is not None and args.devices < args.nproc + args.spares:
         raise ConfigError(f"--devices {args.devices} is fewer than --nproc + --spares = "
                           f"{args.nproc + args.spares}: every worker and spare needs a device slot")
