@@ -93,9 +93,13 @@ def test_every_rank_lost_with_the_newest_checkpoint_damaged_falls_back_to_the_ol
     script, args = SCRIPTS / "corrupt_newest.py", ["40"]
     clean = run_job(args, nproc=nproc, spares=spares, script=script, env={**env, "CORRUPT": "0"})
     assert clean.code == 0, clean.output
-    r = run_job(args, nproc=nproc, spares=spares, script=script, env=env, timeout=120,
-                inject=[f"kill:rank={k}:step=27" for k in range(nproc)],
-                extra=["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "10"])
+    try:     # --hang-floor 10: rank 0 may wait in step 25 for a slow write of step 20 (a loaded machine)
+        r = run_job(args, nproc=nproc, spares=spares, script=script, env=env,
+                    inject=[f"kill:rank={k}:step=27" for k in range(nproc)],
+                    extra=["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "10", "--hang-floor", "10"])
+    except subprocess.TimeoutExpired as e:       # a restart loop: show where it went round
+        out = e.output.decode() if isinstance(e.output, bytes) else (e.output or "")
+        pytest.fail(f"the job did not end within {e.timeout} s:\n{out[-6000:]}")
     assert r.code == 0, r.output
     assert r.digest == clean.digest
     assert "refused" in r.output and "falling back to the older checkpoint of step 10" in r.output
