@@ -11,7 +11,7 @@ import torch
 
 from hotspare.checkpoint import (AsyncCheckpointer, CheckpointError, CheckpointInfo,
                                  fingerprint_of, latest, load, save)
-from hotspare.checkpoint import store
+from hotspare.checkpoint import auth, load_key, newest_valid, store, verify, within
 from hotspare.errors import HotspareError
 
 # dcp.save/load(no_dist=True) warn that they assume one process: that is the design.
@@ -109,6 +109,12 @@ def test_unknown_version_refused(tmp_path):
         load(info.path, "fp")
 
 
+def _resign(sidecar_path, side, key=None):
+    """Rewrite a sidecar signed with ``key`` (default: the tests' key), as its writer would."""
+    side["mac"] = auth.mac(key or load_key(), store._signed(side))
+    json.dump(side, open(sidecar_path, "w"))
+
+
 def _data_file(ckpt):
     files = [f for f in os.listdir(ckpt) if f.endswith(".distcp")]
     assert len(files) == 1
@@ -138,7 +144,7 @@ def test_truncated_tensor_file_refused(tmp_path):
     info = save(str(tmp_path), 5, t, META, _fp(t))
     path = _data_file(info.path)
     os.truncate(path, os.path.getsize(path) // 3)
-    with pytest.raises(CheckpointError, match="corrupt checkpoint .*cannot be read"):
+    with pytest.raises(CheckpointError, match="corrupt checkpoint .*distcp was changed after writing"):
         load(info.path, _fp(t))
 
 
@@ -149,6 +155,9 @@ def test_corrupt_digest_mismatch_message(tmp_path, monkeypatch):
     side = json.load(open(p))
     side["digest"] = "0" * 64
     json.dump(side, open(p, "w"))
+    with pytest.raises(CheckpointError, match="not signed with this job's checkpoint key"):
+        load(info.path, _fp(t))
+    _resign(p, side)      # as if the writer itself had recorded a wrong digest
     with pytest.raises(CheckpointError, match="corrupt checkpoint .*digest mismatch"):
         load(info.path, _fp(t))
 
@@ -159,7 +168,7 @@ def test_corrupt_sidecar_refused(tmp_path):
     p = os.path.join(info.path, "hotspare.json")
     side = json.load(open(p))
     side["meta"]["epoch"] = 4
-    json.dump(side, open(p, "w"))
+    _resign(p, side)
     with pytest.raises(CheckpointError, match="corrupt checkpoint .*meta digest"):
         load(info.path)
     open(p, "w").write("{not json")
@@ -346,3 +355,112 @@ def test_async_intervals(tmp_path):
     assert ck2.due(1)
     with pytest.raises(CheckpointError):
         AsyncCheckpointer(str(tmp_path), "fp", interval_steps=0)
+
+
+# ---------------------------------------------------------------------------- trust nothing on disk
+_PLANTED = """
+import os
+class P:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+"""
+
+
+def _planted_pickle(marker):
+    import pickle
+    ns = {}
+    exec(_PLANTED.format(marker=marker), ns)
+    return pickle.dumps(ns["P"]())
+
+
+def test_a_planted_pickle_in_metadata_never_runs(tmp_path):
+    t = _state()
+    info = save(str(tmp_path / "ckpt"), 5, t, META, _fp(t))
+    marker = tmp_path / "pwned"
+    md = os.path.join(info.path, ".metadata")
+    open(md, "wb").write(_planted_pickle(marker))
+    with pytest.raises(CheckpointError, match=r"\.metadata was changed after writing"):
+        load(info.path, _fp(t))
+    assert not marker.exists()
+    # Even with the MAC forged (someone holding the key), the restricted unpickler refuses it.
+    side = json.load(open(os.path.join(info.path, "hotspare.json")))
+    side["files"][".metadata"] = store.hashlib.sha256(open(md, "rb").read()).hexdigest()
+    _resign(os.path.join(info.path, "hotspare.json"), side)
+    with pytest.raises(CheckpointError, match=r"not plain DCP metadata .*posix.system.*nothing in it was run"):
+        load(info.path, _fp(t))
+    assert not marker.exists()
+
+
+def test_a_checkpoint_signed_with_another_key_or_unsigned_is_refused(tmp_path):
+    t = _state()
+    info = save(str(tmp_path), 5, t, META, _fp(t), key=b"k" * 32)
+    with pytest.raises(CheckpointError, match="not signed with this job's checkpoint key"):
+        load(info.path, _fp(t))
+    with pytest.raises(CheckpointError, match="not signed"):
+        verify(info.path)
+    assert load(info.path, _fp(t), key=b"k" * 32)[0] == 5
+    p = os.path.join(info.path, "hotspare.json")
+    side = json.load(open(p))
+    side["step"] = 50                 # a sidecar edited to claim another step
+    json.dump(side, open(p, "w"))
+    with pytest.raises(CheckpointError, match="not signed"):
+        load(info.path, _fp(t), key=b"k" * 32)
+
+
+def test_extra_or_linked_files_in_a_checkpoint_are_refused(tmp_path):
+    t = _state()
+    info = save(str(tmp_path), 5, t, META, _fp(t))
+    (tmp_path / "step-000000005" / "extra.distcp").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=r"unexpected \['extra.distcp'\]"):
+        verify(info.path)
+    os.remove(tmp_path / "step-000000005" / "extra.distcp")
+    data = _data_file(info.path)
+    os.rename(data, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", data)
+    with pytest.raises(CheckpointError, match="is not a regular file"):
+        verify(info.path)
+
+
+def test_newest_valid_walks_back_past_a_damaged_newest_and_says_why(tmp_path):
+    t = _state()
+    save(str(tmp_path), 10, t, META, _fp(t), keep=3)
+    newest = save(str(tmp_path), 20, _state(1), META, _fp(t), keep=3)
+    _flip(_data_file(newest.path), 40)
+    info, refused = newest_valid(str(tmp_path))
+    assert info.step == 10
+    assert [p for p, _ in refused] == [newest.path] and "changed after writing" in refused[0][1]
+    with pytest.raises(CheckpointError, match="changed after writing"):
+        load(newest.path)               # a named checkpoint is that one or an error, never another
+    # A bad sidecar is an error for that checkpoint, not a silent other step.
+    open(os.path.join(newest.path, "hotspare.json"), "w").write("{not json")
+    info, refused = newest_valid(str(tmp_path))
+    assert info.step == 10 and "cannot be read" in refused[0][1]
+    # A step folder that is a link to somewhere else is not one of ours, signed or not.
+    os.rename(newest.path, tmp_path / "aside")
+    save(str(tmp_path / "other"), 30, t, META, _fp(t))
+    os.symlink(tmp_path / "other" / "step-000000030", tmp_path / "step-000000030")
+    info, refused = newest_valid(str(tmp_path))
+    assert info.step == 10 and "symbolic link" in refused[0][1]
+
+
+def test_within_resolves_symbolic_links(tmp_path):
+    root = tmp_path / "ckpts"
+    (root / "step-000000001").mkdir(parents=True)
+    (tmp_path / "planted").mkdir()
+    os.symlink(tmp_path / "planted", root / "step-000000002")
+    assert within(str(root / "step-000000001"), [str(root)])
+    assert not within(str(root / "step-000000002"), [str(root)])
+    assert not within(str(root / ".." / "planted"), [str(root)])
+    assert not within(str(tmp_path / "ckpts-other"), [str(root)])
+
+
+def test_the_key_file_is_made_private_and_a_readable_one_is_refused(tmp_path):
+    path = tmp_path / "cfg" / "checkpoint.key"
+    key = auth.load_key(str(path))
+    assert len(key) == 32 and (os.stat(path).st_mode & 0o777) == 0o600
+    assert auth.load_key(str(path)) == key                     # survives: the same key next time
+    os.chmod(path, 0o644)
+    with pytest.raises(auth.CheckpointKeyError, match="chmod 600"):
+        auth.load_key(str(path))
+    with pytest.raises(auth.CheckpointKeyError, match="does not exist"):
+        auth.load_key(str(tmp_path / "none"), create=False)

@@ -49,6 +49,8 @@ KINDS = PROCESS_FAULTS + DEVICE_FAULTS + WORKER_FAULTS
 PHASES = ("join", "transfer")
 ECC_KINDS = ("correctable", "uncorrectable")
 _KEYS = {"rank", "step", "code", "phase", "gen", "after", "temp", "kind", "factor"}
+_INT_MAX = 2 ** 31 - 1      # steps, ranks, generations: far past any real job, still an int32
+_CODE_MAX = {"exit": 255, "xid": 65535}   # a process's exit status is one byte
 # kind -> (required extra keys, allowed extra keys)
 _HEALTH_KEYS = {"thermal": ({"temp"}, {"temp"}), "ecc": ({"kind"}, {"kind"}), "xid": ({"code"}, {"code"}),
                 "slow": ({"factor"}, {"factor"}), "corrupt": (set(), set()), "nan": ({"step"}, set())}
@@ -122,6 +124,7 @@ def parse(spec: str, world_size: int | None = None, running: bool = False) -> Fa
                 raise ConfigError(f"--inject {spec!r}: {key} must be an integer, got {fields[key]!r}") from None
             if ints[key] < 0:
                 raise ConfigError(f"--inject {spec!r}: {key} must be >= 0")
+            _in_range(spec, key, ints[key], _CODE_MAX["exit"] if key == "code" else _INT_MAX)
     phase = fields.get("phase")
     if "rank" not in ints:
         raise ConfigError(f"--inject {spec!r}: missing rank.\n{GRAMMAR}")
@@ -145,6 +148,13 @@ def parse(spec: str, world_size: int | None = None, running: bool = False) -> Fa
                  ints.get("after", 0))
 
 
+def _in_range(spec: str, key: str, value: int, top: int) -> int:
+    if value > top:
+        what = "an exit status is 0-255" if top == _CODE_MAX["exit"] else f"at most {top}"
+        raise ConfigError(f"--inject {spec!r}: {key}={value} is out of range ({what})")
+    return value
+
+
 def _parse_health(spec: str, kind: str, fields: dict[str, str], world_size: int | None) -> Fault:
     required, extra = _HEALTH_KEYS[kind]
     allowed = {"rank", "step"} | extra
@@ -163,7 +173,7 @@ def _parse_health(spec: str, kind: str, fields: dict[str, str], world_size: int 
             raise ConfigError(f"--inject {spec!r}: {key} must be an integer, got {fields[key]!r}") from None
         if value < 0:
             raise ConfigError(f"--inject {spec!r}: {key} must be >= 0")
-        return value
+        return _in_range(spec, key, value, _CODE_MAX["xid"] if key == "code" else _INT_MAX)
 
     rank = integer("rank")
     if world_size is not None and rank >= world_size:

@@ -9,9 +9,13 @@ from hotspare.checkpoint.store import (
     fingerprint_of,
     latest,
     load,
+    newest_valid,
     save,
     tensor_digest,
+    verify,
+    within,
 )
+from hotspare.checkpoint.auth import CheckpointKeyError, key_path, load_key
 
-__all__ = ["AsyncCheckpointer", "CheckpointError", "CheckpointInfo", "fingerprint_of", "latest",
-           "load", "save", "tensor_digest"]
+__all__ = ["AsyncCheckpointer", "CheckpointError", "CheckpointInfo", "CheckpointKeyError", "fingerprint_of",
+           "key_path", "latest", "load", "load_key", "newest_valid", "save", "tensor_digest", "verify", "within"]

@@ -10,7 +10,8 @@ Layout of a checkpoint ``directory``::
     LATEST                     the name of the newest complete checkpoint ("step-000001200")
     step-000001200/            one complete checkpoint
         .metadata, __0_0.distcp    the tensors, written by torch.distributed.checkpoint (DCP)
-        hotspare.json              sidecar: version, step, fingerprint, digest, dtypes/shapes, meta
+        hotspare.json              sidecar: version, step, fingerprint, digest, dtypes/shapes, meta,
+                                   the sha256 of every other file, and an HMAC over all of it
     .tmp-step-1300-4711/       a write in progress (or the remains of a crashed one); ignored
 
 Atomicity protocol (a crash at any point leaves the previous checkpoint valid):
@@ -29,10 +30,16 @@ rank writes alone with ``no_dist=True``. No process group is involved, so a chec
 be written (and read) while the group is broken -- exactly when it is needed -- and there is
 no collective that a dead peer could hang.
 
-Verification on load: ``hotspare.json`` is plain JSON and is checked (version, fingerprint)
-*before* DCP reads anything; after the tensors are read their sha256 digest (over sorted
-keys, dtypes, shapes and bytes) must equal the recorded one. A corrupt or foreign checkpoint
-is refused with a ``CheckpointError`` saying what to do.
+Verification on load (``verify``), before any byte is deserialised: ``hotspare.json`` is plain
+JSON; its HMAC-SHA256 under the checkpoint key (``auth``: a file outside the checkpoint
+directory) must match, the folder must hold exactly the files it lists (no symbolic links),
+and each file's sha256 must be the one listed. Only then is DCP's ``.metadata`` parsed, by a
+restricted unpickler that admits DCP's own metadata classes only (``metadata``), from the very
+bytes that were hashed; the tensor files are read by DCP with ``torch.load(weights_only=True)``
+and their sha256 digest (over sorted keys, dtypes, shapes and bytes) must equal the recorded
+one. A corrupt, forged or foreign checkpoint is refused with a ``CheckpointError`` saying what
+to do; ``newest_valid`` walks back to the newest checkpoint that passes and says which it
+refused and why.
 """
 from __future__ import annotations
 
@@ -51,9 +58,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException as _DCPError  # a BaseException
 
+from hotspare.checkpoint import auth
+from hotspare.checkpoint.metadata import UnsafeMetadata, VerifiedReader, parse
 from hotspare.errors import HotspareError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # 2: authenticated (file digests + HMAC); 1 had neither
+METADATA = ".metadata"      # DCP's metadata file (a pickle: parsed by checkpoint.metadata only)
+_SIDECAR_MAX = 64 << 20
 SIDECAR = "hotspare.json"
 LATEST = "LATEST"
 _STEP_RE = re.compile(r"^step-(\d{9,})$")
@@ -160,32 +171,91 @@ def _step_name(step: int) -> str:
     return f"step-{step:09d}"
 
 
-def _read_sidecar(ckpt_dir: str) -> dict:
-    """The parsed ``hotspare.json`` of a checkpoint folder; CheckpointError if absent or bad."""
+def _signed(side: dict) -> bytes:
+    """The bytes the sidecar's MAC covers: every field but ``mac``, canonical JSON."""
+    body = {k: v for k, v in side.items() if k != "mac"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _read_sidecar(ckpt_dir: str, key: bytes) -> dict:
+    """The authenticated ``hotspare.json`` of a checkpoint folder; CheckpointError if absent,
+    unreadable, of another format version, or not signed with ``key``."""
     path = os.path.join(ckpt_dir, SIDECAR)
     try:
+        if os.path.islink(path) or os.path.getsize(path) > _SIDECAR_MAX:
+            raise OSError("not a regular file of sane size")
         with open(path, encoding="utf-8") as f:
             side = json.load(f)
     except FileNotFoundError:
         raise CheckpointError(
             f"not a hotspare checkpoint: {path} is missing (a checkpoint folder is the "
             f"'step-<N>' folder that save() wrote, or its parent directory)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(
             f"corrupt checkpoint {ckpt_dir}: {SIDECAR} cannot be read ({e}); load an older "
             f"checkpoint by passing its step-<N> folder, or delete this one") from None
     if not isinstance(side, dict) or "version" not in side:
         raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {SIDECAR} has no format version")
+    if side["version"] == 1:
+        raise CheckpointError(
+            f"checkpoint {ckpt_dir} was written by a hotspare that did not authenticate "
+            f"checkpoints (format 1): it cannot be trusted; start from scratch, or load it with "
+            f"that release if you know where it came from")
     if side["version"] != FORMAT_VERSION:
         raise CheckpointError(
             f"checkpoint {ckpt_dir} has format version {side['version']!r}; this hotspare "
             f"reads version {FORMAT_VERSION}: load it with the hotspare release that wrote it")
+    if not auth.mac_ok(key, _signed(side), side.get("mac")):
+        raise CheckpointError(
+            f"refused checkpoint {ckpt_dir}: its {SIDECAR} is not signed with this job's checkpoint "
+            f"key ({auth.key_path()}): it was altered, or written by someone else or with another key "
+            f"(pass that one with --checkpoint-key FILE)")
     for field, typ in (("step", int), ("fingerprint", str), ("digest", str), ("nbytes", int),
-                       ("saved_at", (int, float)), ("tensors", dict), ("meta_digest", str)):
+                       ("saved_at", (int, float)), ("tensors", dict), ("meta_digest", str),
+                       ("files", dict)):
         if not isinstance(side.get(field), typ):
             raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {SIDECAR} lacks a valid "
                                   f"{field!r}")
     return side
+
+
+def _verified(ckpt_dir: str, key: bytes) -> tuple[dict, bytes]:
+    """The sidecar and the DCP metadata bytes of a checkpoint whose every file is what its
+    writer listed (see the module docstring); nothing is deserialised here but JSON."""
+    side = _read_sidecar(ckpt_dir, key)
+    files = side["files"]
+    try:
+        present = set(os.listdir(ckpt_dir)) - {SIDECAR}
+    except OSError as e:
+        raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: cannot list it ({e})") from None
+    if present != set(files) or METADATA not in files:
+        extra, missing = sorted(present - set(files)), sorted(set(files) - present)
+        raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: it holds other files than its writer "
+                              f"listed (unexpected {extra}, missing {missing}); load an older checkpoint")
+    metadata = b""
+    for name, expected in sorted(files.items()):
+        path = os.path.join(ckpt_dir, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {name} is not a regular file")
+        try:
+            if name == METADATA:       # hashed from the very bytes that are parsed later
+                with open(path, "rb") as f:
+                    metadata = f.read()
+                digest = hashlib.sha256(metadata).hexdigest()
+            else:
+                digest = auth.file_sha256(path)
+        except OSError as e:
+            raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {name} cannot be read ({e})") from None
+        if digest != expected:
+            raise CheckpointError(
+                f"corrupt checkpoint {ckpt_dir}: {name} was changed after writing (sha256 {digest[:16]}, "
+                f"signed {str(expected)[:16]}); load an older checkpoint by passing its step-<N> folder")
+    return side, metadata
+
+
+def verify(ckpt_dir: str, key: bytes | None = None) -> CheckpointInfo:
+    """Check a ``step-<N>`` folder's MAC and every file's digest without deserialising anything."""
+    return _info(ckpt_dir, _verified(ckpt_dir, key or auth.load_key())[0])
 
 
 def _info(ckpt_dir: str, side: dict) -> CheckpointInfo:
@@ -222,12 +292,14 @@ def _latest_name(directory: str) -> str | None:
 
 
 def save(directory: str, step: int, tensors: dict[str, torch.Tensor], meta: dict,
-         fingerprint: str, *, keep: int = 2) -> CheckpointInfo:
+         fingerprint: str, *, keep: int = 2, key: bytes | None = None) -> CheckpointInfo:
     """Write a checkpoint synchronously and atomically; see the module docstring.
 
     ``tensors`` are flat ``{key: Tensor}`` (any dtype, any device; 0-dim allowed), ``meta`` is
     JSON-serialisable (tuples come back as lists). Keeps the newest ``keep`` checkpoints.
+    ``key`` signs it (default: the configured checkpoint key file, see ``auth``).
     """
+    key = key or auth.load_key()
     if not isinstance(step, int) or step < 0:
         raise CheckpointError(f"step must be an int >= 0, got {step!r}")
     if keep < 1:
@@ -262,7 +334,9 @@ def save(directory: str, step: int, tensors: dict[str, torch.Tensor], meta: dict
             "saved_at": time.time(),
             "tensors": {k: [str(t.dtype), list(t.shape)] for k, t in sorted(cpu.items())},
             "meta_digest": _meta_digest(meta_json), "meta": json.loads(meta_json),
+            "files": {name: auth.file_sha256(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))},
         }
+        side["mac"] = auth.mac(key, _signed(side))
         _write_file_durably(os.path.join(tmp, SIDECAR), json.dumps(side))
         _fsync_dir(tmp)
         # 2. publish the folder atomically.
@@ -304,47 +378,77 @@ def _prune(directory: str, keep: int, just_saved: int) -> None:
 # find and load
 
 
-def latest(directory: str) -> CheckpointInfo | None:
-    """The newest complete checkpoint in ``directory``: the one LATEST names, else the highest
-    ``step-*`` folder with a valid sidecar. ``.tmp-*`` leftovers never count. None if none."""
-    name = _latest_name(directory)
-    if name is not None:
+def newest_valid(directory: str, key: bytes | None = None
+                 ) -> tuple[CheckpointInfo | None, list[tuple[str, str]]]:
+    """The newest checkpoint in ``directory`` that passes ``verify`` -- the one LATEST names
+    first, then the ``step-*`` folders newest first -- and ``(folder, reason)`` for each newer
+    one refused on the way. ``.tmp-*`` leftovers never count."""
+    key = key or auth.load_key()
+    try:
+        names = [n for n in os.listdir(directory) if _STEP_RE.match(n)]
+    except OSError:
+        names = []
+    order = sorted(names, key=lambda n: int(_STEP_RE.match(n).group(1)), reverse=True)
+    first = _latest_name(directory)
+    if first in order:
+        order.remove(first)
+        order.insert(0, first)
+    refused = []
+    for name in order:
         path = os.path.join(directory, name)
-        try:
-            return _info(path, _read_sidecar(path))
-        except CheckpointError:
-            pass    # LATEST names something unusable: fall back to a scan
-    for _, path in reversed(_complete(directory)):
-        try:
-            return _info(path, _read_sidecar(path))
-        except CheckpointError:
+        if os.path.islink(path):
+            refused.append((path, f"{path} is a symbolic link, not a checkpoint this job wrote"))
             continue
-    return None
+        try:
+            return verify(path, key), refused
+        except CheckpointError as e:
+            refused.append((path, str(e)))
+    return None, refused
 
 
-def load(path_or_directory: str, fingerprint: str | None = None
+def latest(directory: str, key: bytes | None = None) -> CheckpointInfo | None:
+    """The newest valid checkpoint in ``directory`` (see ``newest_valid``), or None."""
+    return newest_valid(directory, key)[0]
+
+
+def within(path: str, roots) -> bool:
+    """Whether ``path``, symbolic links resolved, lies inside one of ``roots`` (resolved too)."""
+    real = os.path.realpath(path)
+    for root in roots:
+        if root:
+            top = os.path.realpath(root)
+            if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
+                return True
+    return False
+
+
+def load(path_or_directory: str, fingerprint: str | None = None, *, key: bytes | None = None
          ) -> tuple[int, dict[str, torch.Tensor], dict, CheckpointInfo]:
     """Read and verify a checkpoint: ``(step, tensors on CPU, meta, info)``.
 
-    ``path_or_directory`` is a ``step-<N>`` folder or a checkpoint directory (its latest
-    checkpoint). With ``fingerprint`` set, a checkpoint of another model is refused.
+    ``path_or_directory`` is a ``step-<N>`` folder or a checkpoint directory (its newest valid
+    checkpoint). With ``fingerprint`` set, a checkpoint of another model is refused. ``key``
+    defaults to the configured checkpoint key file (``auth``).
     """
+    key = key or auth.load_key()
     p = path_or_directory
     if not os.path.isdir(p):
         raise CheckpointError(f"no checkpoint at {p}: the path does not exist; pass the "
                               f"directory the job wrote checkpoints to")
-    if os.path.isfile(os.path.join(p, SIDECAR)):
+    if os.path.lexists(os.path.join(p, SIDECAR)):
         ckpt = p
     else:
-        info = latest(p)
+        info, refused = newest_valid(p, key)
         if info is None:
-            raise CheckpointError(
-                f"no complete checkpoint in {p}: it holds no step-<N> folder with a valid "
-                f"{SIDECAR}; check the path, or start the job from scratch")
+            if not refused:
+                raise CheckpointError(
+                    f"no complete checkpoint in {p}: it holds no step-<N> folder with a valid "
+                    f"{SIDECAR}; check the path, or start the job from scratch")
+            raise CheckpointError(f"no valid checkpoint in {p}: " + "; ".join(r for _, r in refused))
         ckpt = info.path
 
-    # Plain JSON first: nothing else is read unless version and fingerprint fit.
-    side = _read_sidecar(ckpt)
+    # Authenticated first: nothing but JSON is read unless the MAC and every file digest fit.
+    side, metadata = _verified(ckpt, key)
     if fingerprint is not None and side["fingerprint"] != fingerprint:
         raise CheckpointError(
             f"foreign checkpoint: saved by a job with a different model (fingerprint "
@@ -362,11 +466,14 @@ def load(path_or_directory: str, fingerprint: str | None = None
         raise CheckpointError(f"corrupt checkpoint {ckpt}: bad tensor list in {SIDECAR} "
                               f"({e})") from None
     try:
-        # DCP's .metadata file is a pickle. Acceptable: it is our own local file, and it is
-        # only read after the JSON sidecar above identified the checkpoint as this job's.
-        # The tensor data itself is read with torch.load(weights_only=True).
+        # DCP's .metadata is a pickle: parsed by the restricted unpickler, from the bytes
+        # verified above; the tensor files are read with torch.load(weights_only=True).
+        md = parse(metadata, set(side["files"]))
         if tensors:
-            dcp.load(tensors, storage_reader=dcp.FileSystemReader(ckpt), no_dist=True)
+            dcp.load(tensors, storage_reader=VerifiedReader(ckpt, md), no_dist=True)
+    except UnsafeMetadata as e:
+        raise CheckpointError(f"refused checkpoint {ckpt}: its {METADATA} is not plain DCP metadata "
+                              f"({e}); nothing in it was run") from None
     except (Exception, _DCPError) as e:
         raise CheckpointError(
             f"corrupt checkpoint {ckpt}: its tensors cannot be read ({_why(e)}); load an "
@@ -399,7 +506,7 @@ class AsyncCheckpointer:
 
     def __init__(self, directory: str, fingerprint: str, keep: int = 2, *,
                  interval_steps: int | None = None, interval_seconds: float | None = None,
-                 on_done: Callable[[CheckpointInfo], None] | None = None):
+                 on_done: Callable[[CheckpointInfo], None] | None = None, key: bytes | None = None):
         if keep < 1:
             raise CheckpointError(f"keep must be >= 1, got {keep}")
         if interval_steps is not None and interval_steps < 1:
@@ -407,6 +514,7 @@ class AsyncCheckpointer:
         if interval_seconds is not None and interval_seconds <= 0:
             raise CheckpointError(f"interval_seconds must be > 0, got {interval_seconds}")
         self.directory, self.fingerprint, self.keep = directory, fingerprint, keep
+        self._key = key or auth.load_key()
         self.interval_steps, self.interval_seconds = interval_steps, interval_seconds
         self._on_done = on_done
         self._lock = threading.Lock()
@@ -459,7 +567,7 @@ class AsyncCheckpointer:
 
     def _write(self, step, snap, meta) -> None:
         try:
-            info = save(self.directory, step, snap, meta, self.fingerprint, keep=self.keep)
+            info = save(self.directory, step, snap, meta, self.fingerprint, keep=self.keep, key=self._key)
         except BaseException as e:  # noqa: BLE001 -- handed to the caller in poll()
             with self._lock:
                 self._error = e

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
+import signal
 import sys
 import time
 
@@ -29,8 +31,44 @@ examples:
 
 {grammar}
 
+checkpoints are signed: each holds the sha256 of its every file and an HMAC-SHA256 under the key
+in --checkpoint-key FILE (default $HOTSPARE_CHECKPOINT_KEY, else ~/.config/hotspare/checkpoint.key,
+made 0600 on first use; refused when group or others can read it; never inside a checkpoint
+directory). A checkpoint that does not verify is never read: the job falls back to the newest
+one that does and says so (docs/CHECKPOINTS.md).
+
+signals: SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) with --checkpoint-dir: every rank
+leaves its step, the lowest survivor writes a last checkpoint from memory, the report is
+written, and the launcher exits 143 (SIGTERM) or 130 (SIGINT) within about 20 s plus the
+workers' shutdown. Without --checkpoint-dir, or on a second signal, it stops at once.
+
 exit status: 0 when training finished; 1 when the job stopped (the last line says why);
-2 for bad command-line input."""
+2 for bad command-line input; 143 / 130 after SIGTERM / SIGINT."""
+
+
+MAX_DEVICES = 4096      # simulated device slots of one node: each is polled every --telemetry-period
+
+
+def _finite(text: str) -> float:
+    """An argparse type: a finite number (no nan, no inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def node_slots() -> int:
+    """How many workers + spares this node holds without --oversubscribe: one per GPU, or on a
+    CPU-only node four per core (they share the cores, as the test suite's 4 + 1 on 2 cores do)."""
+    try:
+        import torch
+        gpus = torch.cuda.device_count()
+    except Exception:   # noqa: BLE001 -- no usable CUDA: a CPU node
+        gpus = 0
+    return gpus or 4 * (os.cpu_count() or 1)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +77,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=DESCRIPTION, epilog=EPILOG.format(grammar=GRAMMAR),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, default=1, metavar="N",
-                   help="training ranks (worker processes) to run (default: 1)")
+                   help="training ranks (worker processes) to run; NPROC + SPARES may not exceed this node's "
+                        "slots (one per GPU, or 4 per CPU core) without --oversubscribe (default: 1)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more workers + spares than this node's slots")
     p.add_argument("--spares", type=int, default=1, metavar="S",
                    help="warm spare processes kept ready to take over a lost rank (default: 1)")
     p.add_argument("--inject", action="append", default=[], metavar="SPEC",
@@ -47,13 +88,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="FILE", help="write a JSON report of the run here")
     p.add_argument("--log-every", type=int, default=0, metavar="K",
                    help="print a progress line every K steps (default: about 20 lines per run)")
-    p.add_argument("--hang-floor", type=float, default=2.0, metavar="SECONDS",
+    p.add_argument("--hang-floor", type=_finite, default=2.0, metavar="SECONDS",
                    help="a rank is hung when no step commits for max(FLOOR, FACTOR x median step "
                         "time); it is then fenced (SIGKILL) and replaced (default: 2.0)")
-    p.add_argument("--hang-factor", type=float, default=10.0, metavar="FACTOR",
+    p.add_argument("--hang-factor", type=_finite, default=10.0, metavar="FACTOR",
                    help="see --hang-floor (default: 10). Until the first step commits the step time "
                         "is taken to be FLOOR; a slow rank that still commits steps is never fenced")
-    p.add_argument("--join-timeout", type=float, default=5.0, metavar="SECONDS",
+    p.add_argument("--join-timeout", type=_finite, default=5.0, metavar="SECONDS",
                    help="time allowed to form a generation's process group; a member that dies "
                         "while it forms costs at most this long (default: 5.0)")
     g = p.add_argument_group("last resort: persistent checkpoints (read only when no copy survives in memory)")
@@ -62,22 +103,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "verified on load); also where a job stopped for lack of capacity leaves its last one")
     g.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                    help="write a checkpoint every STEPS committed steps (needs --checkpoint-dir)")
-    g.add_argument("--checkpoint-seconds", type=float, default=0, metavar="SECONDS",
+    g.add_argument("--checkpoint-seconds", type=_finite, default=0, metavar="SECONDS",
                    help="write a checkpoint at most every SECONDS (needs --checkpoint-dir)")
     g.add_argument("--resume", metavar="DIR",
-                   help="start from the newest valid checkpoint in DIR instead of step 0")
+                   help="start from the newest valid checkpoint in DIR instead of step 0 (a newer one that "
+                        "does not verify is refused and named in the log and the report)")
+    g.add_argument("--checkpoint-key", metavar="FILE",
+                   help="the secret that signs and verifies checkpoints (HMAC-SHA256); kept outside every "
+                        "checkpoint directory, mode 0600, made on first use; the same file must be used to "
+                        "--resume (default: $HOTSPARE_CHECKPOINT_KEY, else ~/.config/hotspare/checkpoint.key)")
     c = p.add_argument_group("capacity")
     c.add_argument("--max-replacements", type=int, default=None, metavar="N",
                    help="processes that may be started to replace lost ranks or refill the spare pool "
                         "over the job's life (default: no limit)")
-    c.add_argument("--capacity-wait", type=float, default=60.0, metavar="SECONDS",
+    c.add_argument("--capacity-wait", type=_finite, default=60.0, metavar="SECONDS",
                    help="when a rank is lost and nothing can replace it, wait this long, then stop "
                         "cleanly after writing a last checkpoint (default: 60)")
     h = p.add_argument_group("health service (docs/HEALTH.md)")
     h.add_argument("--telemetry", choices=("auto", "nvml", "simulated", "off"), default="auto",
                    help="device telemetry: NVML on NVIDIA GPUs; 'simulated' devices on CPU machines, "
                         "driven by health --inject faults; auto picks NVML when it can read a GPU (default: auto)")
-    h.add_argument("--telemetry-period", type=float, default=5.0, metavar="SECONDS",
+    h.add_argument("--telemetry-period", type=_finite, default=5.0, metavar="SECONDS",
                    help="how often device telemetry is polled (default: 5)")
     h.add_argument("--devices", type=int, default=None, metavar="N",
                    help="device slots on this node (simulated telemetry); each worker and spare holds one, "
@@ -129,6 +175,13 @@ def _validate(args: argparse.Namespace) -> list:
         raise ConfigError(f"--nproc must be at least 1 (got {args.nproc}): it is the number of training ranks")
     if args.spares < 0:
         raise ConfigError(f"--spares must be 0 or more (got {args.spares})")
+    slots = node_slots()
+    if args.nproc + args.spares > slots and not args.oversubscribe:
+        raise ConfigError(f"--nproc {args.nproc} + --spares {args.spares} is more than this node's {slots} "
+                          "process slots (one per GPU, or 4 per CPU core): lower them, or pass --oversubscribe "
+                          "if you mean it")
+    if not 0 <= args.master_port <= 65535:
+        raise ConfigError(f"--master-port must be 0 (any free port) or a port 1-65535 (got {args.master_port})")
     if args.join_timeout <= 0:
         raise ConfigError("--join-timeout must be > 0 seconds")
     if args.hang_floor <= 0 or args.hang_factor < 1:
@@ -141,16 +194,13 @@ def _validate(args: argparse.Namespace) -> list:
         raise ConfigError("--max-replacements must be 0 or more")
     if args.capacity_wait < 0:
         raise ConfigError("--capacity-wait must be >= 0 seconds")
-    if args.resume:
-        from hotspare.checkpoint import CheckpointError, load
-        try:   # integrity (digest) now; the model fingerprint is checked by the workers
-            args.resume_path = load(args.resume)[3].path
-        except CheckpointError as e:
-            raise ConfigError(f"--resume {args.resume}: {e}") from None
+    _checkpoint_config(args)
     if args.telemetry_period <= 0:
         raise ConfigError("--telemetry-period must be > 0 seconds")
     if args.fingerprint_every < 0:
         raise ConfigError("--fingerprint-every must be 0 (off) or a number of steps")
+    if args.devices is not None and args.devices > MAX_DEVICES:
+        raise ConfigError(f"--devices {args.devices}: at most {MAX_DEVICES} simulated device slots on one node")
     if args.devices is not None and args.devices < args.nproc + args.spares:
         raise ConfigError(f"--devices {args.devices} is fewer than --nproc + --spares = "
                           f"{args.nproc + args.spares}: every worker and spare needs a device slot")
@@ -171,6 +221,61 @@ def _validate(args: argparse.Namespace) -> list:
     if args.script_args and args.script_args[0] == "--":
         args.script_args = args.script_args[1:]
     return [parse(spec, world_size=args.nproc) for spec in args.inject]
+
+
+def _checkpoint_config(args: argparse.Namespace) -> None:
+    """The checkpoint directory must be usable and the key safe before anything starts; a
+    --resume checkpoint is verified (MAC, file digests; nothing deserialised) and, if the newest
+    does not verify, the newest older one that does is taken and named."""
+    from hotspare.checkpoint import CheckpointError, key_path, load_key, newest_valid, verify, within
+    args.checkpoint_fallbacks = []
+    if args.checkpoint_dir:
+        _usable_dir(args.checkpoint_dir)
+    key = key_path(args.checkpoint_key)
+    for flag, where in (("--checkpoint-dir", args.checkpoint_dir), ("--resume", args.resume)):
+        if where and within(key, [where]):
+            raise ConfigError(f"the checkpoint key {key} lies inside {flag} {where}: whoever can write "
+                              "checkpoints there could read it; keep it elsewhere (--checkpoint-key FILE)")
+    args.key_file = key
+    os.environ["HOTSPARE_CHECKPOINT_KEY"] = key     # what messages name; the workers inherit it
+    try:
+        args.key = load_key(key)   # also signs the last checkpoint of a job that stops for capacity
+    except ConfigError:
+        if args.checkpoint_dir or args.resume:
+            raise
+        args.key = None            # no checkpoints asked for: a job without a usable key still runs
+    if not args.resume:
+        return
+    try:
+        if os.path.isfile(os.path.join(args.resume, "hotspare.json")):
+            args.resume_path = verify(args.resume, args.key).path       # that one, or an error
+            return
+        if not os.path.isdir(args.resume):
+            raise CheckpointError("the path does not exist; pass the directory the job wrote checkpoints to")
+        info, refused = newest_valid(args.resume, args.key)
+    except CheckpointError as e:
+        raise ConfigError(f"--resume {args.resume}: {e}") from None
+    if info is None:
+        why = "; ".join(reason for _, reason in refused) or "it holds no complete checkpoint (step-<N> folder)"
+        raise ConfigError(f"--resume {args.resume}: no valid checkpoint: {why}")
+    args.resume_path = info.path
+    for path, reason in refused:
+        args.checkpoint_fallbacks.append({"refused": path, "reason": reason, "used": info.path, "step": info.step})
+
+
+def _usable_dir(path: str) -> None:
+    """Refuse a --checkpoint-dir that is a file, cannot be made, or cannot be written."""
+    import tempfile
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--checkpoint-dir {path} is not a directory: name a directory (it is made if "
+                          "missing)")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".hotspare-probe-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--checkpoint-dir {path} cannot be written ({e.strerror or e}): choose a writable "
+                          "directory") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,10 +309,14 @@ def run(args: argparse.Namespace) -> int:
                TORCHELASTIC_RUN_ID="hotspare", PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")
     env["HOTSPARE_JOIN_TIMEOUT"] = str(args.join_timeout)
+    checkpoint_dir = os.path.abspath(args.checkpoint_dir or "hotspare-checkpoints")
+    # Workers write (and restore) only inside these, signed with the key file named here.
+    env.update(HOTSPARE_CHECKPOINT_DIR=checkpoint_dir, HOTSPARE_CHECKPOINT_KEY=args.key_file)
     if args.checkpoint_dir:
-        env.update(HOTSPARE_CHECKPOINT_DIR=os.path.abspath(args.checkpoint_dir),
-                   HOTSPARE_CHECKPOINT_EVERY=str(args.checkpoint_every),
-                   HOTSPARE_CHECKPOINT_SECONDS=str(args.checkpoint_seconds))   # like torchrun: one compute thread per worker
+        env.update(HOTSPARE_CHECKPOINT_EVERY=str(args.checkpoint_every),
+                   HOTSPARE_CHECKPOINT_SECONDS=str(args.checkpoint_seconds))
+    if args.resume:
+        env["HOTSPARE_RESUME_DIR"] = os.path.abspath(args.resume)
     env["HOTSPARE_FINGERPRINT_EVERY"] = str(args.fingerprint_every)
     events: queue.Queue = queue.Queue()
     try:
@@ -220,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
                 "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
                 "resume": args.resume, "hang_floor_s": args.hang_floor, "hang_factor": args.hang_factor}
     ledger = Ledger(settings)
+    ledger.checkpoint_fallbacks.extend(args.checkpoint_fallbacks)
     view = ClusterView(world_size=args.nproc, target_spares=args.spares,
                        resume=getattr(args, "resume_path", None), replacements_left=args.max_replacements,
                        capacity_wait=args.capacity_wait)
@@ -227,13 +337,18 @@ def run(args: argparse.Namespace) -> int:
                         log=log, log_every=args.log_every or 0,
                         hang_floor=args.hang_floor, hang_factor=args.hang_factor,
                         join_timeout=args.join_timeout,
-                        checkpoint_dir=os.path.abspath(args.checkpoint_dir or "hotspare-checkpoints"),
-                        health=health, faults=faults)
+                        checkpoint_dir=checkpoint_dir, health=health, faults=faults,
+                        checkpoint_key=args.key)
     # This host's node agents talk to the coordinator over TCP, as remote agents would.
     endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
     agents = _agents(args, env, endpoint.address, secret, health.devices if health else None,
                      _device_fault(source, log) if source is not None else None)
     log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
+    for note in args.checkpoint_fallbacks:
+        log(f"CHECKPOINT refused {note['refused']}: {note['reason']}")
+    if args.checkpoint_fallbacks:
+        log(f"CHECKPOINT --resume falls back to the older checkpoint of step {args.checkpoint_fallbacks[0]['step']} "
+            f"({args.resume_path})")
     forked = all(agent.zygote is not None for agent in agents)
     log("spawn: workers and spares fork from a zygote that imported torch once (--spawn exec: fresh "
         "interpreters)" if forked else "spawn: each worker and spare starts as a fresh interpreter")
@@ -252,21 +367,26 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if poller is not None:
         poller.start()
+    stop_signals = _StopSignals(events, graceful=bool(args.checkpoint_dir))
     try:
         code = coord.run()
-    except KeyboardInterrupt:
-        ledger.outcome, ledger.message, code = "interrupted", "interrupted by the user", 130
+    except (KeyboardInterrupt, _Interrupted) as e:
+        signame, code = (e.signame, e.code) if isinstance(e, _Interrupted) else ("SIGINT", 130)
+        what = "interrupted by the user" if signame == "SIGINT" else f"terminated by {signame}"
+        extra = "" if args.checkpoint_dir else " (no --checkpoint-dir: no last checkpoint was written)"
+        ledger.outcome, ledger.message = "interrupted", f"{what}{extra}"
     finally:
+        stop_signals.ignore_term()
         if poller is not None:
             poller.stop()
         control.close()
         # Released workers end by themselves (barrier, os._exit); after Ctrl-C nobody told them to.
-        coord.stop_nodes(grace=0.0 if ledger.outcome == "interrupted" else 10.0)
+        coord.stop_nodes(grace={"interrupted": 0.0, "preempted": 5.0}.get(ledger.outcome, 10.0))
         for agent in agents:
             agent.close()
         endpoint.close()
-    if health is not None:    # after Ctrl-C, running diagnostics stop at once (the device stays quarantined)
-        health.close(cancel=ledger.outcome == "interrupted")
+    if health is not None:    # after Ctrl-C or SIGTERM, running diagnostics stop at once (the device stays quarantined)
+        health.close(cancel=ledger.outcome in ("interrupted", "preempted"))
         ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
                           for r in health.registry.devices() if r.device in health.devices]
     ledger.nodes = coord.nodes.describe()
@@ -277,6 +397,36 @@ def run(args: argparse.Namespace) -> int:
             json.dump(report, f, indent=2)
         log(f"report written to {args.report}")
     return code
+
+
+class _Interrupted(Exception):
+    def __init__(self, signame: str, code: int):
+        super().__init__(signame)
+        self.signame, self.code = signame, code
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT while the job runs: with a checkpoint directory the first one becomes
+    a "preempt" event (the coordinator has a survivor write a last checkpoint, then stops);
+    without one, or the second time, the launcher stops at once (``_Interrupted``)."""
+
+    def __init__(self, events: "queue.Queue", graceful: bool):
+        self.events, self.graceful, self.seen = events, graceful, False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        name, code = signal.Signals(signum).name, 128 + signum
+        if self.graceful and not self.seen:
+            self.seen = True
+            self.events.put(("preempt", "", {"signal": name, "code": code}, time.time()))
+            return
+        raise _Interrupted(name, code)
+
+    def ignore_term(self) -> None:
+        """While the job winds down: SIGTERM waits for the report, Ctrl-C still interrupts."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _agents(args, env: dict[str, str], coordinator: str, secret: bytes, devices: list[str] | None,

@@ -28,6 +28,7 @@ from hotspare.protocol.messages import make
 
 
 FENCE_STACKS_S = 0.2    # a fenced worker's moment to write its stacks (SIGUSR1) before the SIGKILL
+PREEMPT_TIMEOUT_S = 20.0   # SIGTERM/SIGINT: time for the last checkpoint (schedulers SIGKILL after ~30 s)
 
 
 def _fmt_ranks(ranks) -> str:
@@ -39,7 +40,8 @@ class Coordinator:
                  ledger: Ledger, log: Callable[[str], None] = print, log_every: int = 0,
                  hang_floor: float = hang.DEFAULT_FLOOR_S, hang_factor: float = hang.DEFAULT_FACTOR,
                  join_timeout: float = 5.0, checkpoint_dir: str = "hotspare-checkpoints",
-                 health=None, faults: list[Fault] = ()):
+                 health=None, faults: list[Fault] = (), checkpoint_key: bytes | None = None,
+                 preempt_timeout: float = PREEMPT_TIMEOUT_S):
         self.nodes, self.events, self.view, self.ledger = nodes, events, view, ledger
         for fault in faults:                    # from the command line: armed on every node
             self.nodes.arm(str(fault), running=False)
@@ -49,6 +51,13 @@ class Coordinator:
         self.joined: set[int] = set()           # ranks that finished joining the current generation
         self.committed_in_gen = False
         self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_key = checkpoint_key
+        self.restoring: str | None = None       # the checkpoint this generation restores, until it commits
+        self.failed_restores: set[str] = set()  # checkpoints the workers could not restore
+        self._vetted: set[str] = set()          # checkpoints verified for the restore being decided
+        self.preempt_timeout = preempt_timeout
+        self.preempted: tuple[str, int, float] | None = None   # (signal, exit code, deadline)
+        self._preempt_asked = False             # ... and a survivor was asked for the last checkpoint
         self.progress_at = time.time()          # last commit, or the current generation forming
         self.recovering_since: float | None = None
         self.reducing: dict[int, int] = {}      # rank -> last step whose exchange it entered
@@ -145,6 +154,9 @@ class Coordinator:
         if kind in ("node", "node_lost", "refused"):
             self._node_event(kind, worker, payload, t)
             return
+        if kind == "preempt":
+            self._preempt(payload["signal"], payload["code"], t)
+            return
         if kind == "msg" and worker in self.nodes.workers:
             try:
                 check_claims(payload, self.nodes.workers[worker].rank, self.view.generation, self.view.world_size)
@@ -213,14 +225,27 @@ class Coordinator:
                 self._worker_gone(w, -signal.SIGKILL, f"was lost with node {name}", t, node_lost=True)
 
     def _worker_gone(self, worker: str, code: int, desc: str, t: float, node_lost: bool = False) -> None:
+        wp = self.nodes.workers[worker]
+        if (wp.role == "spare" and worker not in self.view.ready_workers and code < 0
+                and self.view.phase not in ("finished", "stopped")):
+            self.log(f"SPARE   {worker} {desc} while it started; another spare takes its place")
+        if (self.restoring and code > 0 and not self.committed_in_gen
+                and self.view.rank_of(worker) is not None and self.restoring not in self.failed_restores):
+            # It ended on its own before the restored generation committed: it could not load it.
+            self.failed_restores.add(self.restoring)
+            self.log(f"CHECKPOINT {self.restoring}: rank {self.view.rank_of(worker)} ({worker}) {desc} while "
+                     "restoring it (see its output above); it will not be tried again")
         self._member_lost(worker, desc, code, t, kind="node lost" if node_lost else None)
-        self._signal(policy.WorkerExited(worker, code, desc, node_lost), t)
+        self._signal(policy.WorkerExited(worker, code, desc, node_lost,
+                                         spare=self.nodes.workers[worker].role == "spare"), t)
         if self.health is not None:
             self.health.device_released(self.nodes.workers[worker].device)
 
     def _tick(self, now: float, limit: float) -> None:
         """``limit``: the hang threshold for the steps seen so far (``policy.hang.threshold``)."""
         if self.view.phase not in ("running", "recovering"):
+            return
+        if self.preempted is not None and self._preempt_progress(now):
             return
         if self.health is not None and now - self._operator_polled >= 1.0:
             self._operator_polled = now
@@ -319,6 +344,11 @@ class Coordinator:
             self.log(f"ERROR   rank {msg['rank']} ({worker}) raised at step {msg['step']}: {msg['error'][:200]}")
             return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"])
         if kind == "checkpointed":
+            from hotspare.checkpoint import within    # here: the control CLI imports this module without torch
+            if not within(msg["path"], [self.checkpoint_dir]):
+                self.log(f"CHECKPOINT refused {worker}'s report of {msg['path']!r}: it is outside the job's "
+                         f"checkpoint directory {self.checkpoint_dir}")
+                return None
             self.ledger.checkpoints.append({"step": msg["step"], "path": msg["path"], "generation": msg["gen"]})
             return policy.Checkpointed(msg["step"], msg["path"])
         if kind == "done":
@@ -331,6 +361,7 @@ class Coordinator:
     def _signal(self, sig: policy.Signal, t: float) -> policy.Decision:
         self.view.job_step = self.ledger.max_committed()
         policy.observe(self.view, sig)
+        self._vet_checkpoint()          # with this signal's facts, before the policy may order a restore
         decision = policy.decide(self.view, sig, t)
         if self.debug and not (isinstance(sig, policy.Tick) and not decision.actions):
             self.log(f"debug   decide {type(sig).__name__} phase={self.view.phase} -> {decision}")
@@ -407,6 +438,7 @@ class Coordinator:
             return
         self.progress_at = max(self.progress_at, t)
         self.committed_in_gen = True
+        self.restoring = None
         check, fp, check_cpu = (msg.get(k) if isinstance(msg.get(k), (int, float)) else None
                                 for k in ("check", "fp", "check_cpu"))
         recovered = self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t,
@@ -527,11 +559,113 @@ class Coordinator:
             self.ledger.outcome, self.ledger.message = "stopped", action.message
             for f in self.ledger.open:
                 f.recovery_path = f.recovery_path or "stopped"
+            if self.preempted is not None:
+                self.ledger.outcome = "preempted"
             self.log(f"STOP    {action.message}")
             self._release_all("job stopped")
             for w in self.nodes.alive():
                 self.nodes.kill(w)
-            self.exit_code = action.code
+            self.exit_code = self.preempted[1] if self.preempted is not None else action.code
+
+    # ------------------------------------------------------------------ checkpoints
+    def _vet_checkpoint(self) -> None:
+        """Before the policy may order a restore (generation 1 of --resume, or every copy lost),
+        the checkpoint it would use must verify (MAC, every file's digest) and not have failed a
+        restore already; else the newest older one that does takes its place, said in the log
+        and the report. With none left the view holds no checkpoint, and the policy stops the
+        job instead of restoring forever."""
+        v = self.view
+        if v.phase == "starting" and v.resume:
+            path = v.resume
+        elif v.phase == "recovering" and v.checkpoint is not None and self._no_copy_left():
+            path = v.checkpoint.path
+        else:
+            return
+        if path in self._vetted:
+            return
+        from hotspare.checkpoint import CheckpointError, newest_valid, verify
+        try:
+            if path in self.failed_restores:
+                raise CheckpointError("the workers could not restore it")
+            verify(path, self.checkpoint_key)
+            self._vetted.add(path)
+            return
+        except (CheckpointError, ConfigError) as e:    # ConfigError: the key file itself
+            why = str(e)
+        root = os.path.dirname(path.rstrip(os.sep))
+        try:
+            info, refused = newest_valid(root, self.checkpoint_key)
+        except ConfigError as e:
+            info, refused = None, [(root, str(e))]
+        if info is not None and info.path in self.failed_restores:
+            info = None
+        self.ledger.checkpoint_fallbacks.append({"refused": path, "reason": why, "used": info and info.path,
+                                                 "step": info and info.step})
+        if info is None:
+            self.log(f"CHECKPOINT refused {path}: {why}; no other checkpoint in {root} verifies"
+                     + "".join(f"; {p}: {r}" for p, r in refused if p != path))
+            if v.phase == "starting":
+                self._stop_now(f"--resume: no usable checkpoint ({why})", time.time())
+            else:
+                v.checkpoint = None
+            return
+        self.log(f"CHECKPOINT refused {path}: {why}; falling back to the older checkpoint of step {info.step} "
+                 f"({info.path})")
+        self._vetted.add(info.path)
+        if v.phase == "starting":
+            v.resume = info.path
+        else:
+            v.checkpoint = policy.Checkpointed(info.step, info.path)
+
+    def _no_copy_left(self) -> bool:
+        """Every survivor has reported and none holds the state (as ``plan_recovery`` judges:
+        a survivor more than a step behind the job is no copy): the next plan is a restore."""
+        v = self.view
+        if set(v.members) - v.lost - set(v.reports):
+            return False
+        return not any(s >= v.job_step - 1 for s in v.reports.values())
+
+    def _preempt(self, signame: str, code: int, t: float) -> None:
+        """SIGTERM or SIGINT to the launcher: a survivor writes a last checkpoint from memory
+        (as when capacity runs out), then the job stops with ``code``; at most
+        ``preempt_timeout`` seconds."""
+        if self.view.phase in ("finished", "stopped") or self.preempted is not None:
+            return
+        self.preempted = (signame, code, t + self.preempt_timeout)
+        what = "interrupted by the user" if signame == "SIGINT" else "terminated"
+        reason = f"{what} ({signame}): stopping after a last checkpoint."
+        self.log(f"STOPPING {signame} received: every rank leaves its step; the lowest survivor writes a last "
+                 f"checkpoint to {self.checkpoint_dir} (at most {self.preempt_timeout:.0f} s)")
+        live = [r for r in self.view.members if r not in self.view.lost]
+        if self.view.phase not in ("running", "recovering") or not live:
+            self._stop_now(f"{what} ({signame}) before any rank held state to checkpoint.", t)
+            return
+        self.view.stopping = reason
+        if self.view.phase == "running":
+            self._signal_actions((policy.AbortGeneration(self.view.generation, tuple(sorted(live))),), reason, t)
+        self._preempt_progress(t)
+
+    def _preempt_progress(self, now: float) -> bool:
+        """Once every survivor has reported, ask the lowest to checkpoint; past the deadline,
+        stop without one. True when the job was stopped."""
+        signame, code, deadline = self.preempted
+        if now >= deadline:
+            self._stop_now(f"{self.view.stopping} No checkpoint was written within {self.preempt_timeout:.0f} s.", now)
+            return True
+        live = set(self.view.members) - self.view.lost
+        if (self.view.phase == "recovering" and live and live <= set(self.view.reports)
+                and not self._preempt_asked):
+            self._preempt_asked = True
+            self._signal_actions((policy.CheckpointNow(min(live), self.view.stopping),), self.view.stopping, now)
+        return False
+
+    def _stop_now(self, message: str, t: float) -> None:
+        self._signal_actions((policy.Stop(1, message),), message, t)
+
+    def _signal_actions(self, actions, reason: str, t: float) -> None:
+        for action in actions:
+            self._execute(action, reason, t)
+            policy.apply(self.view, action)
 
     def _form(self, a: policy.FormGeneration, reason: str) -> None:
         now = time.time()
@@ -557,6 +691,7 @@ class Coordinator:
                      f"{_fmt_ranks(a.members.values())}; {reason}")
         self.progress_at = now
         self.reducing, self.joined, self.committed_in_gen = {}, set(), False
+        self.restoring, self._vetted = a.restore, set()
         for m in self.ledger.migrations:
             if m.generation is None:
                 if a.handoff_from == m.worker:

@@ -111,6 +111,7 @@ class Ledger:
     digests: dict[int, str] = field(default_factory=dict)        # rank -> its replicated state's digest
     rank_digests: dict[int, str] = field(default_factory=dict)   # rank -> its per-rank state's digest
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_fallbacks: list[dict[str, Any]] = field(default_factory=list)   # {"refused", "reason", "used", "step"}
     migrations: list[MigrationRecord] = field(default_factory=list)
     health_events: list[dict[str, Any]] = field(default_factory=list)
     devices: list[dict[str, Any]] = field(default_factory=list)    # final device states
@@ -167,6 +168,7 @@ class Ledger:
             # one recovery can follow several failures (e.g. every rank at once): count it once
             "steps_lost": sum({f.generation: f.lost_steps or 0 for f in self.failures}.values()),
             "checkpoints_written": len(self.checkpoints),
+            "checkpoint_fallbacks": list(self.checkpoint_fallbacks),   # checkpoints refused on load, and what was used
             "checkpoints": list(self.checkpoints),   # {"step", "path", "generation" it was reported in}, in order
             "zero_loss_share": (len(memory) / len(self.failures)) if self.failures else None,
             "final_state_digest": next(iter(digests)) if len(digests) == 1 else None,

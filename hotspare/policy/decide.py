@@ -22,6 +22,7 @@ from hotspare.policy.recovery import plan_recovery
 
 
 ABORT_GRACE_S = 0.5   # after a member is lost, survivors get this long to fail (or finish) on their own
+MAX_BOOT_KILLS = 4    # spares killed while they start, in a row, before the job gives up on spares
 
 
 # ---------------------------------------------------------------------------- signals
@@ -38,6 +39,7 @@ class WorkerExited:
     code: int                  # negative: killed by that signal
     description: str = ""
     node_lost: bool = False    # lost with its node agent's link, not seen to exit by itself
+    spare: bool = False        # started as a spare (else as one of the initial ranks)
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,7 @@ class ClusterView:
     job_step: int = -1                                           # newest step any rank ever committed
     migrating: Pause | None = None                               # a live migration in flight
     health_failures: dict[tuple[int, int], list[str]] = field(default_factory=dict)  # (rank, step) -> workers
+    boot_kills: int = 0                                          # spares killed while starting, in a row
 
     def rank_of(self, worker: str) -> int | None:
         for r, w in self.members.items():
@@ -231,6 +234,7 @@ def observe(view: ClusterView, sig: Signal) -> None:
         view.ready_workers.add(sig.worker)
         if sig.role == "spare":
             view.starting = max(0, view.starting - 1)
+            view.boot_kills = 0
             if sig.worker not in view.ready_spares:
                 view.ready_spares.append(sig.worker)
         elif sig.rank is not None:
@@ -240,6 +244,8 @@ def observe(view: ClusterView, sig: Signal) -> None:
             view.ready_spares.remove(sig.worker)
         elif sig.worker not in view.ready_workers and view.rank_of(sig.worker) is None:
             view.starting = max(0, view.starting - 1)
+            if sig.spare and sig.code < 0 and not sig.node_lost:
+                view.boot_kills += 1
         rank = view.rank_of(sig.worker)
         if rank is not None and view.phase in ("running", "recovering") and rank not in view.done:
             view.lost.add(rank)
@@ -325,14 +331,29 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
         return Decision((), f"rank {sig.rank} raised {sig.error.splitlines()[0][:120]} at step {sig.step}; "
                             "failing over once (a second failure of the same step means a bug)")
 
-    if isinstance(sig, WorkerExited) and sig.worker not in view.ready_workers and sig.code != 0 \
-            and view.rank_of(sig.worker) is None and not sig.node_lost:
-        return Decision((Stop(1, f"worker {sig.worker} {sig.description or f'exited with code {sig.code}'} "
-                                 "before it was ready: the training script failed to start (see its "
-                                 "output above)"),), "startup failure")
-
     actions: list[Action] = []
     reasons: list[str] = []
+    if isinstance(sig, WorkerExited) and sig.worker not in view.ready_workers \
+            and view.rank_of(sig.worker) is None and not sig.node_lost:
+        if sig.code == 0:
+            return Decision((Stop(1, f"worker {sig.worker} exited with code 0 before calling hotspare.init() "
+                                     "(or before job.steps()): did the script run its training? (e.g. it "
+                                     "only printed --help, or returned early; see its output above)"),),
+                            "a worker ended before it started training")
+        if sig.code > 0 or not sig.spare:
+            return Decision((Stop(1, f"worker {sig.worker} {sig.description or f'exited with code {sig.code}'} "
+                                     "before it was ready: the training script failed to start (see its "
+                                     "output above)"),), "startup failure")
+        # A spare killed by a signal while it booted: a fault like any other, not the script's.
+        if view.boot_kills > MAX_BOOT_KILLS:
+            return Decision((Stop(1, f"{view.boot_kills} spares in a row were killed while they started "
+                                     f"(the last, {sig.worker}, {sig.description}): something on this node "
+                                     "kills new processes (out of memory?); stopping instead of starting more"),),
+                            "spares keep dying while they start")
+        if view.phase != "recovering" and _spares_needed(view) > 0:
+            actions.append(StartSpares(_spares_needed(view)))
+        reasons.append(f"spare {sig.worker} {sig.description or 'was killed'} while it started; "
+                       "starting another")
     if isinstance(sig, WorkerExited):
         rank = next((r for r in view.lost if view.members.get(r) == sig.worker), None)
         if rank is not None:

@@ -5,20 +5,28 @@ manifest (JSON metadata), so restoring one goes through the same ``prepare_recei
 ``finish_receive`` path as receiving from a peer. The fingerprint covers the *model* entries
 only (names, dtypes, shapes): it identifies the job's model whether or not the optimizer has
 created its state yet.
+
+A worker writes and reads checkpoints only inside the directories its launcher named
+(``HOTSPARE_CHECKPOINT_DIR``, and ``HOTSPARE_RESUME_DIR`` for ``--resume``), symbolic links
+resolved: an order naming another path is refused. Every checkpoint is signed and verified
+with the key file ``HOTSPARE_CHECKPOINT_KEY`` names (``hotspare.checkpoint.auth``).
 """
 from __future__ import annotations
 
 import os
+import sys
 from typing import Callable
 
 import torch
 
-from hotspare.checkpoint import AsyncCheckpointer, CheckpointInfo, fingerprint_of, load, save
+from hotspare.checkpoint import (AsyncCheckpointer, CheckpointError, CheckpointInfo, fingerprint_of, load,
+                                 load_key, save, within)
 from hotspare.runtime.state import Snapshot, StateRegistry
 
 ENV_DIR = "HOTSPARE_CHECKPOINT_DIR"
 ENV_EVERY = "HOTSPARE_CHECKPOINT_EVERY"        # steps
 ENV_SECONDS = "HOTSPARE_CHECKPOINT_SECONDS"
+ENV_RESUME = "HOTSPARE_RESUME_DIR"             # --resume DIR: may be read, never written
 
 
 def fingerprint(registry: StateRegistry) -> str:
@@ -44,34 +52,56 @@ class Persister:
         seconds = float(os.environ.get(ENV_SECONDS, 0)) or None
         self._async: AsyncCheckpointer | None = None
         self._every, self._seconds = every, seconds
+        self._key: bytes | None = None
+
+    def _signing_key(self) -> bytes:
+        if self._key is None:
+            self._key = load_key()
+        return self._key
+
+    def _confined(self, path: str, roots: list[str | None], what: str) -> None:
+        if not within(path, roots):
+            allowed = " or ".join(r for r in roots if r) or "(none configured)"
+            raise CheckpointError(f"refused to {what} {path}: it is outside the job's checkpoint "
+                                  f"directory {allowed}")
 
     def _writer(self) -> AsyncCheckpointer | None:
         if self.directory and (self._every or self._seconds) and self._async is None:
             self._async = AsyncCheckpointer(self.directory, fingerprint(self.registry),
                                             interval_steps=self._every, interval_seconds=self._seconds,
-                                            on_done=self._on_done)
+                                            on_done=self._on_done, key=self._signing_key())
         return self._async
 
     def after_commit(self, step: int) -> CheckpointInfo | None:
         """Start a background write if one is due; return a write that finished, if any (never
-        with ``on_done``: that hears of it first). A failed write raises here."""
+        with ``on_done``: that hears of it first). A failed write is said on stderr and training
+        goes on: storage trouble must not take a healthy rank down (the next write is tried at
+        its interval; the report counts the checkpoints that were written)."""
         writer = self._writer()
         if writer is None:
             return None
-        done = writer.poll()
+        try:
+            done = writer.poll()
+        except CheckpointError as e:
+            print(f"hotspare: rank 0: {e}; training goes on, the next checkpoint is tried at its interval",
+                  file=sys.stderr, flush=True)
+            done = None
         if writer.due(step):
             writer.submit(step, *_payload(self.registry.snapshot(), step))
         return done
 
     def save_now(self, step: int, directory: str) -> CheckpointInfo:
         """A synchronous checkpoint (the job is stopping and this is its last copy)."""
+        self._confined(directory, [self.directory], "write a checkpoint to")
         if self._async is not None:
             self._async.wait()
-        return save(directory, step, *_payload(self.registry.snapshot(), step), fingerprint(self.registry))
+        return save(directory, step, *_payload(self.registry.snapshot(), step), fingerprint(self.registry),
+                    key=self._signing_key())
 
     def restore(self, path: str) -> int:
         """Load a verified checkpoint into the tracked objects; returns its step."""
-        step, tensors, manifest, _info = load(path, fingerprint(self.registry))
+        self._confined(path, [self.directory, os.environ.get(ENV_RESUME)], "restore from")
+        step, tensors, manifest, _info = load(path, fingerprint(self.registry), key=self._signing_key())
         dsts, needs_load = self.registry.prepare_receive(manifest)
         with torch.no_grad():
             for i, dst in enumerate(dsts):
