@@ -124,6 +124,7 @@ def test_a_checkpoint_report_outside_the_job_directory_is_refused(tmp_path):
     nodes.workers["w0"] = Worker("w0", "n", "active", 0, None)
     coord = Coordinator(nodes, queue.Queue(), ClusterView(world_size=1, target_spares=0), Ledger({}),
                         log=lines.append, checkpoint_dir=str(ours))
+    coord.view.generation = 1                  # the reports are of generation 1, a formed one
     for path in (planted, ours / "step-000000005"):
         coord.events.put(("msg", "w0", {"type": "checkpointed", "gen": 1, "rank": 0, "step": 5,
                                         "path": str(path)}, 0.0))

@@ -371,6 +371,8 @@ class Job:
     def _finish_all(self) -> None:
         """The last step is done: report it (managed), or wait for every rank (plain)."""
         if self.managed:
+            if self.rank == 0:
+                self._persist.flush()      # a checkpoint in flight reports itself when durable
             while not self._finish():
                 pass
         elif self.world_size > 1:

@@ -90,6 +90,15 @@ class Persister:
             writer.submit(step, *_payload(self.registry.snapshot(), step))
         return done
 
+    def flush(self) -> None:
+        """Let a background write still in flight finish (the last step is done: a daemon writer
+        would die with the process, and the checkpoint with it)."""
+        if self._async is not None:
+            try:
+                self._async.wait()
+            except CheckpointError as e:
+                print(f"hotspare: rank 0: {e}", file=sys.stderr, flush=True)
+
     def save_now(self, step: int, directory: str) -> CheckpointInfo:
         """A synchronous checkpoint (the job is stopping and this is its last copy)."""
         self._confined(directory, [self.directory], "write a checkpoint to")
