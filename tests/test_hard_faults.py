@@ -38,6 +38,7 @@ def test_hang_is_detected_by_heartbeat_fenced_and_replaced(reference):
     assert 0.5 < f["detection_latency_s"] < 10       # threshold 1 s: far below any collective timeout
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite
 def test_a_rank_stuck_computing_is_found_by_probing_and_fenced():
     # Not stopped (the kernel shows it running) and not dead: rank 2 computes 100x slower from step
     # 8 on, several seconds a step against a ~1 s threshold (the 1m model, so that the first slow
@@ -120,6 +121,7 @@ def test_corrupt_checkpoint_is_refused_before_anything_starts(tmp_path):
     assert proc.returncode == 2 and "corrupt" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite
 def test_no_capacity_left_stops_cleanly_with_a_usable_checkpoint(tmp_path):
     r = run_job(ARGS, nproc=3, spares=0, inject=["kill:rank=1:step=12"],
                 extra=["--max-replacements", "0", "--capacity-wait", "1", "--checkpoint-dir", str(tmp_path)])
@@ -130,6 +132,7 @@ def test_no_capacity_left_stops_cleanly_with_a_usable_checkpoint(tmp_path):
     assert resumed.code == 0 and "resuming from" in resumed.output
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite
 def test_short_chaos_soak_ends_bitwise_equal_with_zero_lost_steps():
     # Two node agents (the other tests run one): ranks, spares and faults cross agents.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -143,6 +146,7 @@ def test_short_chaos_soak_ends_bitwise_equal_with_zero_lost_steps():
     assert injected >= 8
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite
 def test_a_slow_rank_that_keeps_committing_is_never_fenced():
     from hotspare.testing.local import REPO
     # every step takes 0.8 s, longer than the 0.5 s floor: the threshold follows the measured

@@ -215,6 +215,7 @@ def test_admission_checks_run_before_the_devices_take_work():
     assert result.output.count("ADMISSION") == 3 and ": pass" in result.output
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite
 def test_a_vote_on_a_step_without_backward_is_judged_when_the_step_ends(tmp_path):
     # Steps 0, 5, 10, ... only evaluate, so the votes of steps 0, 10, 20, 30 have no gradient
     # bucket to wait for them: each is judged as its step ends. The bit flipped on rank 1 as

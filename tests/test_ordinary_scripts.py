@@ -53,7 +53,7 @@ def test_rank_0_killed_mid_run_every_rank_ends_bitwise_equal(name):
     run_with(name, ["kill:rank=0:step=9"])
 
 
-@pytest.mark.parametrize("name", ["cnn_loader", "amp_text"])
+@pytest.mark.parametrize("name", ["amp_text"])
 def test_same_script_under_plain_torchrun_gives_the_same_digests(name):
     args, _ = SCRIPTS[name]
     proc, stats = run_torchrun(args, EXAMPLES / f"{name}.py")
@@ -98,7 +98,7 @@ def test_matrix_of_faults_on_every_ordinary_script(name, inject):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mlp_accum", "buffers_dropout"])
+@pytest.mark.parametrize("name", ["cnn_loader", "mlp_accum", "buffers_dropout"])
 def test_the_other_scripts_under_plain_torchrun(name):
     test_same_script_under_plain_torchrun_gives_the_same_digests(name)
 
