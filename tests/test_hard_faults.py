@@ -110,11 +110,15 @@ def test_corrupt_checkpoint_is_refused_before_anything_starts(tmp_path):
     r = run_job(["--model", "tiny", "--steps", "12"], extra=["--checkpoint-dir", str(tmp_path),
                                                              "--checkpoint-every", "10"])
     assert r.code == 0, r.output
-    latest = (tmp_path / "LATEST").read_text().strip()
-    data = next(p for p in (tmp_path / latest).iterdir() if p.suffix == ".distcp")
-    raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    # Every checkpoint damaged (steps 0 and 10): --resume falls back past a damaged newest one
+    # (tests/test_checkpoint_faults.py), so with none valid it must refuse to start.
+    steps = sorted(p for p in tmp_path.iterdir() if p.name.startswith("step-"))
+    assert [p.name for p in steps] == ["step-000000000", "step-000000010"]
+    for step in steps:
+        data = next(p for p in step.iterdir() if p.suffix == ".distcp")
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
     proc = subprocess.run([sys.executable, "-m", "hotspare", "run", "--nproc", "2", "--resume", str(tmp_path),
                            "--", str(EXAMPLE), "--model", "tiny", "--steps", "20"],
                           capture_output=True, text=True, timeout=120)
