@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from hotspare.errors import PeerFailure
 from hotspare.pg import GenerationGroup, SoloGroup
-from hotspare.runtime.ddp import _allreduce_hook, reset_after_failure, stabilize_buckets
+from hotspare.runtime.ddp import _allreduce_hook, _Backward, reset_after_failure, stabilize_buckets
 
 
 def threads() -> int:
@@ -61,37 +62,33 @@ def test_ddp_on_it_trains_like_a_plain_module_and_starts_no_thread():
     assert not dist.is_initialized()
 
 
-class _HookJob:
-    """What hotspare's comm hook asks of the job (runtime/job.py), around a real generation
-    group of one; ``abort_after`` buckets it aborts the group, as the control thread does when
-    a peer dies."""
+class _Seam:
+    """A gradient-exchange seam (runtime/ddp.py ``GradientExchange``) around a real generation
+    group of one: after ``abort_after`` buckets it aborts the group, as the control thread does
+    when a peer dies; then it reports the broken generation, as the step protocol does."""
 
     def __init__(self, group, abort_after=None):
-        self._group, self.generation, self.abort_after = group, 1, abort_after
-        self._inflight, self._buckets, self.errors, self.scaled = [], [], [], 0
+        self.group, self.abort_after = group, abort_after
+        self.reduced, self.scaled = None, 0
 
-    def _entering_reduction(self):
-        pass
-
-    def _generation_broken(self):
-        return self._group.aborted
-
-    def _scale_and_inspect(self, buf):
+    def reduce_bucket(self, index, buf):
+        if self.group.aborted:
+            return PeerFailure("generation 1 was aborted")
         self.scaled += 1
         if self.scaled == self.abort_after:
-            self._group.abort()
+            self.group.abort()
+        return self.group.allreduce(buf)
 
-    def _note_comm_error(self, e):
-        self.errors.append(e)
-
-    def _take_vote(self):
+    def finish_reduction(self, started, buffers):
+        for work in started:
+            if isinstance(work, BaseException):
+                return work
+            try:
+                work.wait()
+            except Exception as e:
+                return e
+        self.reduced = list(buffers)
         return None
-
-    def begin_gather(self):
-        pass
-
-    def finish_gather(self):
-        pass
 
 
 def _bucketed_ddp():
@@ -128,14 +125,15 @@ def test_hotspare_hook_completes_every_bucket_even_when_the_generation_breaks_mi
     group.connect()
     try:
         ddp = _bucketed_ddp()
-        job = _HookJob(group, abort_after)
-        ddp.register_comm_hook(job, _allreduce_hook)
+        seam = _Seam(group, abort_after)
+        state = _Backward(seam)
+        ddp.register_comm_hook(state, _allreduce_hook)
         outcome = _backward_in_thread(ddp)
         if abort_after is None:
-            assert outcome == {"ok": True} and job.scaled >= 3, "the test needs several buckets"
-            assert len(job._buckets) == job.scaled and not job._inflight
+            assert outcome == {"ok": True} and seam.scaled >= 3, "the test needs several buckets"
+            assert len(seam.reduced) == seam.scaled and not state.inflight
         else:
             assert "was aborted" in str(outcome.get("error")), outcome
-            assert job._buckets == [] and job.scaled == abort_after
+            assert seam.reduced is None and seam.scaled == abort_after and not state.inflight
     finally:
         group.destroy()

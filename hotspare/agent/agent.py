@@ -171,6 +171,7 @@ class NodeAgent:
             raise ProtocolError(f"device {device!r} is not one of node {self.node}'s: {self.devices}")
         env = dict(self.base_env)
         env.update(HOTSPARE_AGENT=self.address, HOTSPARE_WORKER_ID=worker, HOTSPARE_ROLE=role)
+        env["HOTSPARE_FAULTS"] = "1"     # the worker's fault-injection plug-in (hotspare.faults.worker)
         env[auth.ENV_WORKER_TOKEN] = auth.worker_token(self._secret, worker)
         # LOCAL_RANK names the worker's device slot, as torchrun's does (cuda:LOCAL_RANK).
         local = str(self.devices.index(device)) if device else (str(rank) if rank is not None else "-1")

@@ -12,18 +12,13 @@ Two facts shape this module:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hotspare.errors import PeerFailure, StateTrackingError
 from hotspare.pg import SoloGroup
-from hotspare.runtime.vote import HealthFault
-
-if TYPE_CHECKING:
-    from hotspare.runtime.job import Job
 
 
 def stabilize_buckets(ddp: DDP) -> None:
@@ -41,96 +36,74 @@ def reset_after_failure(ddp: DDP) -> None:
 _ENGINE = torch.autograd.Variable._execution_engine
 
 
-def _allreduce_hook(job, bucket):  # no annotations: DDP checks them against real classes
+class GradientExchange(Protocol):
+    """The seam between a gradient-sync wrapper (this DDP hook; an FSDP integration would be
+    another) and the step protocol (runtime/steps.py ``StepProtocol``)."""
+
+    def reduce_bucket(self, index: int, buf: torch.Tensor) -> dist.Work | BaseException: ...
+
+    def finish_reduction(self, started: list, buffers: list[torch.Tensor]) -> BaseException | None: ...
+
+    def broadcast_buffers(self, buffers) -> None: ...
+
+
+class _Backward:
+    """One DDP's hook state: the buckets of the backward in progress."""
+
+    def __init__(self, seam: GradientExchange):
+        self.seam = seam
+        self.inflight: list[tuple[Any, torch.futures.Future, torch.Tensor]] = []
+
+
+def _allreduce_hook(state, bucket):  # no annotations: DDP checks them against real classes
     buf = bucket.buffer()
-    job._entering_reduction()
     if bucket.index() == 0:
         # DDP hands over its buckets strictly in index order, so bucket 0 opens this backward's
         # reduction. Queue the completion now, whatever happens to the later buckets: it runs at
         # the end of backward, before DDP's finalization (queued after the last bucket's hook),
         # which waits for every bucket's future and would wait forever for one left unset.
-        job._inflight = []
-        _ENGINE.queue_callback(lambda: _complete(job))
-    outcome: dist.Work | BaseException
-    if job._generation_broken():
-        outcome = PeerFailure(f"generation {job.generation} was aborted")
-    else:
-        try:
-            if bucket.index() == 0:
-                job.begin_gather()       # every rank's per-rank state, gathered beside the buckets
-            # Scale by 1/world (DDP's own arithmetic, so the result is bitwise equal to plain
-            # DDP's with the same layout) and note this rank's own NaN/Inf, in one pass.
-            job._scale_and_inspect(buf)
-            outcome = job._group.allreduce(buf)
-        except Exception as e:
-            # Never raise inside the hook: that leaves DDP's reducer half-way through a bucket.
-            # The future fails instead, and backward() reports it like any communication error.
-            job._note_comm_error(e)
-            outcome = e
+        state.inflight = []
+        _ENGINE.queue_callback(lambda: _complete(state))
+    # Never raises: a failure comes back as the outcome (raising inside the hook leaves DDP's
+    # reducer half-way through a bucket), the future fails, and backward() reports it.
+    outcome = state.seam.reduce_bucket(bucket.index(), buf)
     fut: torch.futures.Future = torch.futures.Future()
-    job._inflight.append((outcome, fut, buf))
+    state.inflight.append((outcome, fut, buf))
     return fut
 
 
-def _complete(job: "Job") -> None:
-    """At the end of backward, on the training thread, before DDP reads the bucket futures: wait
-    for each bucket's all-reduce and hand DDP its result. No Python runs on gloo's threads (a
-    callback there takes the GIL from the training thread on every bucket: +0.25 ms of CPU per
-    step on each of gloo's two threads, measured on the 1M example). The health vote, launched
-    as the step began, is judged here: a verdict against this step fails the buckets on every
-    rank alike, before any optimizer steps."""
-    inflight, job._inflight = job._inflight, []
-    vote = job._take_vote()
-    error: BaseException | None = None
-    for outcome, _, _ in inflight:
-        if isinstance(outcome, BaseException):
-            error = outcome
-            break
-        try:
-            outcome.wait()
-        except Exception as e:          # the first failure is the step's; DDP stops there too
-            job._note_comm_error(e)
-            error = e
-            break
-    if error is None:
-        try:
-            job.finish_gather()
-        except Exception as e:
-            error = e
-    if error is None and vote is not None:
-        try:
-            job._judge(vote.wait()[0])  # raises HealthFault when the vote goes against this step
-        except (HealthFault, StateTrackingError) as e:
-            error = e
-        except Exception as e:
-            job._note_comm_error(e)
-            error = e
+def _complete(state: _Backward) -> None:
+    """At the end of backward, on the training thread, before DDP reads the bucket futures: the
+    step protocol waits for each bucket's all-reduce (and judges the step's health vote); DDP
+    gets the result. No Python runs on gloo's threads (a callback there takes the GIL from the
+    training thread on every bucket: +0.25 ms of CPU per step on each of gloo's two threads,
+    measured on the 1M example)."""
+    inflight, state.inflight = state.inflight, []
+    error = state.seam.finish_reduction([o for o, _, _ in inflight], [b for _, _, b in inflight])
     for _, fut, buf in inflight:
         if error is None:
             fut.set_result(buf)
         else:
             fut.set_exception(error)
-    job._buckets = [] if error is not None else [buf for _, _, buf in inflight]
 
 
-def _broadcast_buffers_hook(job: "Job"):
+def _broadcast_buffers_hook(seam: GradientExchange):
     """DDP's buffer broadcast from rank 0, on the generation's group, exactly where plain DDP
     does it: at the start of ``DDP.forward`` (not the inner module's: an evaluation on
     ``model.module``, on rank 0 alone, issues no collective), and only when the previous forward
     was one whose gradients are synchronised (not under ``no_sync`` or ``torch.no_grad``)."""
     def hook(ddp: DDP, _inputs: Any) -> None:
-        if not ddp.require_forward_param_sync:
-            return
-        job._check_generation()
-        for b in ddp.module.buffers():
-            dist.broadcast(b, src=0)
+        if ddp.require_forward_param_sync:
+            seam.broadcast_buffers(ddp.module.buffers())
     return hook
 
 
-def wrap_ddp(module: torch.nn.Module, job: "Job", **kwargs: Any) -> DDP:
+def wrap_ddp(module: torch.nn.Module, seam: GradientExchange | None, **kwargs: Any) -> DDP:
+    """DDP over ``module``: plain DDP when ``seam`` is None (not managed), else DDP whose
+    reduction runs through the step protocol's gradient-exchange seam."""
     if "process_group" in kwargs:
         raise ValueError("hotspare manages the process group of job.ddp(); drop process_group=")
-    if not job.managed:
+    if seam is None:
         ddp = DDP(module, **kwargs)
         stabilize_buckets(ddp)
         return ddp
@@ -140,11 +113,11 @@ def wrap_ddp(module: torch.nn.Module, job: "Job", **kwargs: Any) -> DDP:
     kwargs.pop("init_sync", None)
     ddp = DDP(module, process_group=SoloGroup(), init_sync=False, forward_sync_buffers=False, **kwargs)
     stabilize_buckets(ddp)
-    ddp.register_comm_hook(job, _allreduce_hook)
+    ddp.register_comm_hook(_Backward(seam), _allreduce_hook)
     if sync_buffers is not False and any(True for _ in module.buffers()):
         # DDP's own buffer broadcast would run on its one-rank group; do it on the generation's.
-        ddp.register_forward_pre_hook(_broadcast_buffers_hook(job))
+        ddp.register_forward_pre_hook(_broadcast_buffers_hook(seam))
     return ddp
 
 
-__all__ = ["wrap_ddp", "reset_after_failure", "stabilize_buckets"]
+__all__ = ["GradientExchange", "wrap_ddp", "reset_after_failure", "stabilize_buckets"]

@@ -1,0 +1,121 @@
+"""A managed worker's link to its node agent: the control channel and its reader thread.
+
+What the agent sends falls in three groups:
+
+* **orders** the training thread waits for (``generation``, ``handoff``, ``release``,
+  ``checkpoint_now``): queued, and taken by ``await_order``;
+* **notes** the reader thread acts on at once, whatever the training thread is doing:
+  ``abort`` (tear the generation's group down now, which frees a rank blocked in a collective),
+  ``pause`` (a live migration: leave after the next agreed step), ``probe`` (the job stalls:
+  say which step this rank is reducing);
+* **plug-in messages**, handled by whoever registered for them with ``on`` (only the
+  fault-injection plug-in, ``hotspare.faults``, does).
+
+Anything else is logged and dropped: a message nobody expects never reaches the training loop.
+"""
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from typing import Any, Callable
+
+from hotspare.errors import ProtocolError
+from hotspare.protocol.auth import worker_connect
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.messages import make
+
+ORDERS = frozenset({"generation", "handoff", "release", "checkpoint_now"})
+
+
+class AgentLink:
+    """The control channel of one worker. ``where`` answers a probe: (generation, rank, step
+    being reduced or -1), or None before the worker has a rank."""
+
+    def __init__(self, address: str, worker: str, role: str,
+                 where: Callable[[], tuple[int, int, int] | None]):
+        self.address, self.worker, self.role = address, worker, role
+        self._where = where
+        self.aborted_upto = 0        # newest generation the coordinator aborted
+        self.pause_gen = -1          # a live migration asked this generation to pause
+        self._on_abort: Callable[[int], None] = lambda gen: None
+        self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self._orders: "queue.Queue[dict[str, Any]]" = queue.Queue()
+        self._channel: Channel | None = None
+
+    def on(self, type_: str, handler: Callable[[dict[str, Any]], None]) -> None:
+        """Handle messages of ``type_`` on the reader thread (for plug-ins)."""
+        if type_ in ORDERS or type_ in ("abort", "pause", "probe"):
+            raise ValueError(f"{type_!r} is the link's own message")
+        self._handlers[type_] = handler
+
+    def on_abort(self, fn: Callable[[int], None]) -> None:
+        """Call ``fn(newest aborted generation)`` from the reader thread on every abort."""
+        self._on_abort = fn
+
+    def connect(self) -> None:
+        """Say hello (proven with the worker's token) and start reading."""
+        self._channel = worker_connect(self.address, self.worker, self.role)
+        threading.Thread(target=self._read, name="hotspare-control", daemon=True).start()
+
+    def send(self, type_: str, **fields: Any) -> None:
+        self._channel.send(make(type_, **fields))
+
+    def send_later(self, held: int, held_s: float, type_: str, **fields: Any) -> None:
+        """Batched: goes out with the ``held``-th message or after ``held_s`` seconds, or with
+        the next message sent at once; in order either way."""
+        self._channel.send_later(make(type_, **fields), held, held_s)
+
+    def try_send(self, type_: str, **fields: Any) -> None:
+        """Send from a side thread, where a closed link only means nobody is left to tell."""
+        if self._channel is None:
+            return
+        try:
+            self.send(type_, **fields)
+        except OSError:
+            pass
+
+    def await_order(self, on_checkpoint: Callable[[str], None]) -> dict[str, Any] | None:
+        """Block for the next ``generation`` or ``handoff`` order; None means released. A
+        ``checkpoint_now`` on the way (the job is stopping) is carried out first."""
+        while True:
+            msg = self._orders.get()
+            if msg["type"] == "release":
+                return None
+            if msg["type"] == "checkpoint_now":
+                on_checkpoint(msg["directory"])
+                continue
+            return msg
+
+    # ------------------------------------------------------------------ reader thread
+    def _read(self) -> None:
+        try:
+            while True:
+                msg = self._channel.recv()
+                if msg is None:
+                    break
+                self._dispatch(msg)
+        except (OSError, ProtocolError) as e:
+            print(f"hotspare: control channel error: {e}", file=sys.stderr, flush=True)
+        # The agent is gone: nothing can coordinate this worker any more.
+        self._orders.put({"type": "release", "reason": "control channel closed"})
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind in ORDERS:
+            self._orders.put(msg)
+        elif kind == "abort":
+            # Remembered: the abort may overtake the generation's group being built.
+            self.aborted_upto = max(self.aborted_upto, msg["gen"])
+            self._on_abort(self.aborted_upto)
+        elif kind == "pause":
+            self.pause_gen = msg["gen"]
+        elif kind == "probe":
+            where = self._where()
+            if where is not None and where[0] == msg["gen"]:
+                self.send("reducing", gen=where[0], rank=where[1], step=where[2])
+        elif kind in self._handlers:
+            self._handlers[kind](msg)
+        else:
+            print(f"hotspare: worker {self.worker}: unexpected {kind!r} from the agent, dropped",
+                  file=sys.stderr, flush=True)
