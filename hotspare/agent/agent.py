@@ -35,7 +35,7 @@ from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.listen import Listener, bound_server
 from hotspare.protocol.messages import FROM_WORKER, Message, make, validate
-from hotspare.protocol.workerenv import JobEnv, WorkerEnv
+from hotspare.protocol.workerenv import JobEnv, WorkerEnv, without_contract
 
 SPAWN_METHODS = ("fork", "exec")
 REGISTER_S = 10.0         # a worker's hello waits at most this long for its spawn to be recorded
@@ -80,7 +80,7 @@ class NodeAgent:
         # The job-wide part of the worker contract arrives as its variables in base_env (the
         # launcher wrote them, hotspare.protocol.workerenv); read once, so a bad one fails here.
         self.job_env = JobEnv.from_env(base_env)
-        self.base_env = self.job_env.without(base_env)
+        self.base_env = without_contract(base_env)
         self.zygote: Zygote | None = None
         self.node = node or socket.gethostname()
         self.devices = list(devices or [])
@@ -174,8 +174,7 @@ class NodeAgent:
         if device is not None and device not in self.devices:
             raise ProtocolError(f"device {device!r} is not one of node {self.node}'s: {self.devices}")
         contract = WorkerEnv.of(self.job_env, agent=self.address, worker=worker, role=role, device=device or None)
-        env = contract.without(self.base_env)
-        env.update(contract.to_env())
+        env = {**self.base_env, **contract.to_env()}
         env[auth.ENV_WORKER_TOKEN] = auth.worker_token(self._secret, worker)
         # LOCAL_RANK names the worker's device slot, as torchrun's does (cuda:LOCAL_RANK).
         local = str(self.devices.index(device)) if device else (str(rank) if rank is not None else "-1")

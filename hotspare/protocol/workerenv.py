@@ -96,12 +96,6 @@ class JobEnv:
         """(variable, field, who writes it, what it means) of every field, for docs/CONFIG.md."""
         return [(f.metadata["var"], f.name, f.metadata["writer"], f.metadata["doc"]) for f in dataclasses.fields(cls)]
 
-    def without(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """``environ`` less every variable of this contract: what a child may inherit before the
-        contract is written into it (a stale ``HOTSPARE_RESUME_DIR`` of the caller must not leak)."""
-        ours = set(self.variables().values())
-        return {k: v for k, v in environ.items() if k not in ours}
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkerEnv(JobEnv):
@@ -140,6 +134,13 @@ class WorkerEnv(JobEnv):
         if _name("agent") not in environ:
             return None
         return super().from_env(environ)
+
+
+def without_contract(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less every variable of the contract: what a child may inherit before its own
+    contract is written into it (a stale ``HOTSPARE_RESUME_DIR`` of the caller must not leak)."""
+    ours = set(WorkerEnv.variables().values())
+    return {k: v for k, v in environ.items() if k not in ours}
 
 
 def _name(field: str) -> str:
