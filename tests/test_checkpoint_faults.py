@@ -133,7 +133,8 @@ def test_a_checkpoint_report_outside_the_job_directory_is_refused(tmp_path):
     assert sum("refused w0's report" in line for line in lines) == 2, lines
 
 
-def test_a_worker_restores_and_writes_only_inside_its_checkpoint_directory(tmp_path, monkeypatch):
+def test_a_worker_restores_and_writes_only_inside_its_checkpoint_directory(tmp_path):
+    from hotspare.protocol.workerenv import JobEnv
     from hotspare.runtime.persist import Persister
     from hotspare.runtime.state import StateRegistry
     reg = StateRegistry()
@@ -141,9 +142,7 @@ def test_a_worker_restores_and_writes_only_inside_its_checkpoint_directory(tmp_p
     elsewhere = tmp_path / "elsewhere"
     t = {"x": torch.zeros(1)}
     info = save(str(elsewhere), 3, t, {}, "fp")
-    monkeypatch.setenv("HOTSPARE_CHECKPOINT_DIR", str(tmp_path / "ours"))
-    monkeypatch.delenv("HOTSPARE_RESUME_DIR", raising=False)
-    p = Persister(reg)
+    p = Persister(reg, env=JobEnv(checkpoint_dir=str(tmp_path / "ours")))
     with pytest.raises(CheckpointError, match="outside the job's checkpoint directory"):
         p.restore(info.path)
     with pytest.raises(CheckpointError, match="outside the job's checkpoint directory"):
@@ -164,15 +163,14 @@ def test_an_unusable_checkpoint_dir_is_refused_at_start(tmp_path, kind):
     assert "START" not in proc.stdout
 
 
-def test_a_checkpoint_write_that_fails_mid_run_is_said_and_training_goes_on(tmp_path, monkeypatch, capsys):
+def test_a_checkpoint_write_that_fails_mid_run_is_said_and_training_goes_on(tmp_path, capsys):
+    from hotspare.protocol.workerenv import JobEnv
     from hotspare.runtime.persist import Persister
     from hotspare.runtime.state import StateRegistry
     reg = StateRegistry()
     reg.add("model", torch.nn.Linear(2, 2))
     where = tmp_path / "ckpts"
-    monkeypatch.setenv("HOTSPARE_CHECKPOINT_DIR", str(where))
-    monkeypatch.setenv("HOTSPARE_CHECKPOINT_EVERY", "1")
-    p = Persister(reg)
+    p = Persister(reg, env=JobEnv(checkpoint_dir=str(where), checkpoint_every=1))
     p.after_commit(0)
     deadline = time.monotonic() + 60
     while not (where / "LATEST").exists() and time.monotonic() < deadline:

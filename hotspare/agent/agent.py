@@ -35,6 +35,7 @@ from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.listen import Listener, bound_server
 from hotspare.protocol.messages import FROM_WORKER, Message, make, validate
+from hotspare.protocol.workerenv import JobEnv, WorkerEnv, without_contract
 
 SPAWN_METHODS = ("fork", "exec")
 REGISTER_S = 10.0         # a worker's hello waits at most this long for its spawn to be recorded
@@ -76,7 +77,10 @@ class NodeAgent:
         if spawn not in SPAWN_METHODS:
             raise ConfigError(f"spawn method {spawn!r} unknown; use one of {', '.join(SPAWN_METHODS)}")
         self.cmd = cmd
-        self.base_env = base_env
+        # The job-wide part of the worker contract arrives as its variables in base_env (the
+        # launcher wrote them, hotspare.protocol.workerenv); read once, so a bad one fails here.
+        self.job_env = JobEnv.from_env(base_env)
+        self.base_env = without_contract(base_env)
         self.zygote: Zygote | None = None
         self.node = node or socket.gethostname()
         self.devices = list(devices or [])
@@ -169,14 +173,11 @@ class NodeAgent:
             raise ProtocolError(f"worker {worker} already exists on node {self.node}")
         if device is not None and device not in self.devices:
             raise ProtocolError(f"device {device!r} is not one of node {self.node}'s: {self.devices}")
-        env = dict(self.base_env)
-        env.update(HOTSPARE_AGENT=self.address, HOTSPARE_WORKER_ID=worker, HOTSPARE_ROLE=role)
-        env["HOTSPARE_FAULTS"] = "1"     # the worker's fault-injection plug-in (hotspare.faults.worker)
+        contract = WorkerEnv.of(self.job_env, agent=self.address, worker=worker, role=role, device=device or None)
+        env = {**self.base_env, **contract.to_env()}
         env[auth.ENV_WORKER_TOKEN] = auth.worker_token(self._secret, worker)
         # LOCAL_RANK names the worker's device slot, as torchrun's does (cuda:LOCAL_RANK).
         local = str(self.devices.index(device)) if device else (str(rank) if rank is not None else "-1")
-        if device:
-            env["HOTSPARE_DEVICE"] = device
         if rank is not None:
             env.update(RANK=str(rank), LOCAL_RANK=local, ROLE_RANK=str(rank))
         else:

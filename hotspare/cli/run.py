@@ -3,31 +3,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import queue
 import signal
 import sys
 import time
 
+from hotspare.cli.preflight import Preflight, preflight
+from hotspare.config import RunConfig, add_arguments, from_namespace
 from hotspare.errors import ConfigError
+from hotspare.protocol.workerenv import JobEnv, without_contract
 
 DESCRIPTION = """\
 Run a training script on NPROC worker processes plus SPARES warm spares, torchrun-style.
 
 Each worker gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT) plus hotspare's own (HOTSPARE_AGENT, HOTSPARE_WORKER_ID,
-HOTSPARE_ROLE). When a worker dies, the survivors keep their memory, a warm spare takes the
-lost rank, receives the training state from a healthy peer, and training continues from the
-last committed step: no checkpoint reload, no lost step. The script uses hotspare.init(),
-job.ddp(), job.track() and job.steps() (see examples/gpt_stdlib.py); it runs unchanged under
-plain torchrun too."""
+HOTSPARE_ROLE, HOTSPARE_BACKEND, ...; docs/CONFIG.md lists every flag and variable). When a
+worker dies, the survivors keep their memory, a warm spare takes the lost rank, receives the
+training state from a healthy peer, and training continues from the last committed step: no
+checkpoint reload, no lost step. The script uses hotspare.init(), job.ddp(), job.track() and
+job.steps() (see examples/gpt_stdlib.py); it runs unchanged under plain torchrun too."""
 
 EPILOG = """\
 examples:
   hotspare run --nproc 4 --spares 1 -- examples/gpt_stdlib.py --steps 200
   hotspare run --nproc 4 --spares 1 --inject kill:rank=2:step=60 --report report.json \\
       -- examples/gpt_stdlib.py --steps 200
+  hotspare run --nproc 8 --spares 1 --backend nccl --checkpoint-dir ckpts --checkpoint-every 500 \\
+      -- train.py
 
 {grammar}
 
@@ -46,248 +50,72 @@ exit status: 0 when training finished; 1 when the job stopped (the last line say
 2 for bad command-line input; 143 / 130 after SIGTERM / SIGINT."""
 
 
-MAX_DEVICES = 4096      # simulated device slots of one node: each is polled every --telemetry-period
-
-
-def _finite(text: str) -> float:
-    """An argparse type: a finite number (no nan, no inf)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
-
-
-def node_slots() -> int:
-    """How many workers + spares this node holds without --oversubscribe: one per GPU, or on a
-    CPU-only node four per core (they share the cores, as the test suite's 4 + 1 on 2 cores do)."""
-    try:
-        import torch
-        gpus = torch.cuda.device_count()
-    except Exception:   # noqa: BLE001 -- no usable CUDA: a CPU node
-        gpus = 0
-    return gpus or 4 * (os.cpu_count() or 1)
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    from hotspare.agent.inject import GRAMMAR
+    from hotspare.cli.preflight import injection
     p = sub.add_parser("run", help="launch a fault-tolerant training job (torchrun-style)",
-                       description=DESCRIPTION, epilog=EPILOG.format(grammar=GRAMMAR),
+                       description=DESCRIPTION, epilog=EPILOG.format(grammar=injection().GRAMMAR),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, default=1, metavar="N",
-                   help="training ranks (worker processes) to run; NPROC + SPARES may not exceed this node's "
-                        "slots (one per GPU, or 4 per CPU core) without --oversubscribe (default: 1)")
-    p.add_argument("--oversubscribe", action="store_true",
-                   help="allow more workers + spares than this node's slots")
-    p.add_argument("--spares", type=int, default=1, metavar="S",
-                   help="warm spare processes kept ready to take over a lost rank (default: 1)")
-    p.add_argument("--inject", action="append", default=[], metavar="SPEC",
-                   help="inject a real fault, e.g. kill:rank=2:step=60 (repeatable; grammar below)")
-    p.add_argument("--report", metavar="FILE", help="write a JSON report of the run here")
-    p.add_argument("--log-every", type=int, default=0, metavar="K",
-                   help="print a progress line every K steps (default: about 20 lines per run)")
-    p.add_argument("--hang-floor", type=_finite, default=2.0, metavar="SECONDS",
-                   help="a rank is hung when no step commits for max(FLOOR, FACTOR x median step "
-                        "time); it is then fenced (SIGKILL) and replaced (default: 2.0)")
-    p.add_argument("--hang-factor", type=_finite, default=10.0, metavar="FACTOR",
-                   help="see --hang-floor (default: 10). Until the first step commits the step time "
-                        "is taken to be FLOOR; a slow rank that still commits steps is never fenced")
-    p.add_argument("--join-timeout", type=_finite, default=5.0, metavar="SECONDS",
-                   help="time allowed to form a generation's process group; a member that dies "
-                        "while it forms costs at most this long (default: 5.0)")
-    g = p.add_argument_group("last resort: persistent checkpoints (read only when no copy survives in memory)")
-    g.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="where to write asynchronous checkpoints (torch.distributed.checkpoint, atomic, "
-                        "verified on load); also where a job stopped for lack of capacity leaves its last one")
-    g.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
-                   help="write a checkpoint every STEPS committed steps (needs --checkpoint-dir)")
-    g.add_argument("--checkpoint-seconds", type=_finite, default=0, metavar="SECONDS",
-                   help="write a checkpoint at most every SECONDS (needs --checkpoint-dir)")
-    g.add_argument("--resume", metavar="DIR",
-                   help="start from the newest valid checkpoint in DIR instead of step 0 (a newer one that "
-                        "does not verify is refused and named in the log and the report)")
-    g.add_argument("--checkpoint-key", metavar="FILE",
-                   help="the secret that signs and verifies checkpoints (HMAC-SHA256); kept outside every "
-                        "checkpoint directory, mode 0600, made on first use; the same file must be used to "
-                        "--resume (default: $HOTSPARE_CHECKPOINT_KEY, else ~/.config/hotspare/checkpoint.key)")
-    c = p.add_argument_group("capacity")
-    c.add_argument("--max-replacements", type=int, default=None, metavar="N",
-                   help="processes that may be started to replace lost ranks or refill the spare pool "
-                        "over the job's life (default: no limit)")
-    c.add_argument("--capacity-wait", type=_finite, default=60.0, metavar="SECONDS",
-                   help="when a rank is lost and nothing can replace it, wait this long, then stop "
-                        "cleanly after writing a last checkpoint (default: 60)")
-    h = p.add_argument_group("health service (docs/HEALTH.md)")
-    h.add_argument("--telemetry", choices=("auto", "nvml", "simulated", "off"), default="auto",
-                   help="device telemetry: NVML on NVIDIA GPUs; 'simulated' devices on CPU machines, "
-                        "driven by health --inject faults; auto picks NVML when it can read a GPU (default: auto)")
-    h.add_argument("--telemetry-period", type=_finite, default=5.0, metavar="SECONDS",
-                   help="how often device telemetry is polled (default: 5)")
-    h.add_argument("--devices", type=int, default=None, metavar="N",
-                   help="device slots on this node (simulated telemetry); each worker and spare holds one, "
-                        "cordoned ones take no new work (default: NPROC + SPARES)")
-    h.add_argument("--health-rules", metavar="FILE",
-                   help="a rules file overriding the defaults by rule name (see docs/HEALTH.md, Rules)")
-    h.add_argument("--health-db", metavar="FILE",
-                   help="the device registry (lifecycle states, readings) shared with `hotspare health`; "
-                        "default: $HOTSPARE_HEALTH_DB, else ~/.hotspare/health.json for real GPUs and a "
-                        "file of this run only for simulated devices. Under Slurm, a cordoned device "
-                        "drains its node (scontrol) until it is back in service")
-    h.add_argument("--admission", choices=("off", "small", "full"), default="off",
-                   help="admission checks before devices take work (inventory, burn-in against a float64 "
-                        "reference, throughput vs peers, memory patterns, all-reduce bandwidth; see "
-                        "`hotspare check admission`); a device that fails is quarantined and gets no "
-                        "worker (default: off)")
-    h.add_argument("--fingerprint-every", type=int, default=10, metavar="STEPS",
-                   help="health vote every STEPS steps: the ranks compare parameter fingerprints (silent "
-                        "data corruption) and agree where a live migration pauses. 1 checks every step "
-                        "before its update, so a corrupt replica never reaches the others (strict; costs "
-                        "one tiny all-reduce per step); with N > 1 a corruption is caught within N steps "
-                        "but may reach the healthy replicas' updates first. 0: no fingerprint (votes "
-                        "every 10 steps only for migrations) (default: 10)")
-    p.add_argument("--local-nodes", type=int, default=1, metavar="K",
-                   help="run K node agents on this host, each holding its share of the device slots, as K "
-                        "hosts would: placement, spares and failover then cross agents over the same "
-                        "protocol a multi-host job uses (default: 1)")
-    p.add_argument("--spawn", choices=("fork", "exec"), default="fork",
-                   help="how workers and spares start: fork them from a zygote process that has already "
-                        "imported torch (milliseconds each instead of seconds; they are still separate "
-                        "processes, each its own session), or exec a fresh interpreter for each "
-                        "(default: fork)")
-    p.add_argument("--master-addr", default="127.0.0.1", help="address of the rendezvous store (default: 127.0.0.1)")
-    p.add_argument("--master-port", type=int, default=0,
-                   help="port of the rendezvous store (default: 0, a free port)")
-    p.add_argument("--secret-file", metavar="FILE",
-                   help="the secret that authenticates every control connection (node agents, workers, "
-                        "`hotspare inject`): a file only you can read (chmod 600) holding at least 32 "
-                        "characters, the same on every host of a job. Default: a fresh random secret for "
-                        "this job, kept in memory (docs/SECURITY.md)")
-    p.add_argument("script", help="the training script (a .py file)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    add_arguments(p, RunConfig)       # every flag is declared once, in hotspare/config/run.py
     p.set_defaults(func=run)
 
 
-def _validate(args: argparse.Namespace) -> list:
-    from hotspare.agent.inject import parse
-    if args.nproc < 1:
-        raise ConfigError(f"--nproc must be at least 1 (got {args.nproc}): it is the number of training ranks")
-    if args.spares < 0:
-        raise ConfigError(f"--spares must be 0 or more (got {args.spares})")
-    slots = node_slots()
-    if args.nproc + args.spares > slots and not args.oversubscribe:
-        raise ConfigError(f"--nproc {args.nproc} + --spares {args.spares} is more than this node's {slots} "
-                          "process slots (one per GPU, or 4 per CPU core): lower them, or pass --oversubscribe "
-                          "if you mean it")
-    if not 0 <= args.master_port <= 65535:
-        raise ConfigError(f"--master-port must be 0 (any free port) or a port 1-65535 (got {args.master_port})")
-    if args.join_timeout <= 0:
-        raise ConfigError("--join-timeout must be > 0 seconds")
-    if args.hang_floor <= 0 or args.hang_factor < 1:
-        raise ConfigError("--hang-floor must be > 0 seconds and --hang-factor >= 1")
-    if (args.checkpoint_every or args.checkpoint_seconds) and not args.checkpoint_dir:
-        raise ConfigError("--checkpoint-every/--checkpoint-seconds need --checkpoint-dir DIR")
-    if args.checkpoint_every < 0 or args.checkpoint_seconds < 0:
-        raise ConfigError("--checkpoint-every and --checkpoint-seconds must be >= 0")
-    if args.max_replacements is not None and args.max_replacements < 0:
-        raise ConfigError("--max-replacements must be 0 or more")
-    if args.capacity_wait < 0:
-        raise ConfigError("--capacity-wait must be >= 0 seconds")
-    _checkpoint_config(args)
-    if args.telemetry_period <= 0:
-        raise ConfigError("--telemetry-period must be > 0 seconds")
-    if args.fingerprint_every < 0:
-        raise ConfigError("--fingerprint-every must be 0 (off) or a number of steps")
-    if args.devices is not None and args.devices > MAX_DEVICES:
-        raise ConfigError(f"--devices {args.devices}: at most {MAX_DEVICES} simulated device slots on one node")
-    if args.devices is not None and args.devices < args.nproc + args.spares:
-        raise ConfigError(f"--devices {args.devices} is fewer than --nproc + --spares = "
-                          f"{args.nproc + args.spares}: every worker and spare needs a device slot")
-    if args.health_rules:
-        from hotspare.health.rules import load_rules
-        args.rules = load_rules(args.health_rules)     # refuse a bad rules file before starting
-    if args.local_nodes < 1:
-        raise ConfigError(f"--local-nodes must be at least 1 (got {args.local_nodes})")
-    slots = args.devices or args.nproc + args.spares
-    if args.telemetry != "off" and args.local_nodes > slots:
-        raise ConfigError(f"--local-nodes {args.local_nodes} is more than the {slots} device slots: "
-                          "each node agent needs at least one (raise --devices)")
-    if args.log_every < 0:
-        raise ConfigError(f"--log-every must be 0 (automatic) or more (got {args.log_every})")
-    if not os.path.isfile(args.script):
-        raise ConfigError(f"script {args.script!r} not found: give the path of a training script, "
-                          "e.g. hotspare run --nproc 4 -- examples/gpt_stdlib.py")
-    if args.script_args and args.script_args[0] == "--":
-        args.script_args = args.script_args[1:]
-    return [parse(spec, world_size=args.nproc) for spec in args.inject]
+def _fail(e: ConfigError) -> int:
+    print(f"hotspare run: error: {e}", file=sys.stderr)
+    return 2
 
 
-def _checkpoint_config(args: argparse.Namespace) -> None:
-    """The checkpoint directory must be usable and the key safe before anything starts; a
-    --resume checkpoint is verified (MAC, file digests; nothing deserialised) and, if the newest
-    does not verify, the newest older one that does is taken and named."""
-    from hotspare.checkpoint import CheckpointError, key_path, load_key, newest_valid, verify, within
-    args.checkpoint_fallbacks = []
-    if args.checkpoint_dir:
-        _usable_dir(args.checkpoint_dir)
-    key = key_path(args.checkpoint_key)
-    for flag, where in (("--checkpoint-dir", args.checkpoint_dir), ("--resume", args.resume)):
-        if where and within(key, [where]):
-            raise ConfigError(f"the checkpoint key {key} lies inside {flag} {where}: whoever can write "
-                              "checkpoints there could read it; keep it elsewhere (--checkpoint-key FILE)")
-    args.key_file = key
-    os.environ["HOTSPARE_CHECKPOINT_KEY"] = key     # what messages name; the workers inherit it
-    try:
-        args.key = load_key(key)   # also signs the last checkpoint of a job that stops for capacity
-    except ConfigError:
-        if args.checkpoint_dir or args.resume:
-            raise
-        args.key = None            # no checkpoints asked for: a job without a usable key still runs
-    if not args.resume:
-        return
-    try:
-        if os.path.isfile(os.path.join(args.resume, "hotspare.json")):
-            args.resume_path = verify(args.resume, args.key).path       # that one, or an error
-            return
-        if not os.path.isdir(args.resume):
-            raise CheckpointError("the path does not exist; pass the directory the job wrote checkpoints to")
-        info, refused = newest_valid(args.resume, args.key)
-    except CheckpointError as e:
-        raise ConfigError(f"--resume {args.resume}: {e}") from None
-    if info is None:
-        why = "; ".join(reason for _, reason in refused) or "it holds no complete checkpoint (step-<N> folder)"
-        raise ConfigError(f"--resume {args.resume}: no valid checkpoint: {why}")
-    args.resume_path = info.path
-    for path, reason in refused:
-        args.checkpoint_fallbacks.append({"refused": path, "reason": reason, "used": info.path, "step": info.step})
+def job_env(cfg: RunConfig, pre: Preflight) -> JobEnv:
+    """The job-wide part of every worker's contract (hotspare/protocol/workerenv.py)."""
+    c = cfg.checkpoint
+    return JobEnv(backend=cfg.launch.backend, join_timeout_s=cfg.hang.join_timeout,
+                  fingerprint_every=cfg.health.fingerprint_every,
+                  # Workers write (and restore) only inside these, signed with the key file named here.
+                  checkpoint_dir=checkpoint_dir(cfg), checkpoint_every=c.checkpoint_every,
+                  checkpoint_seconds=c.checkpoint_seconds, checkpoint_key=pre.key_file,
+                  resume_dir=os.path.abspath(c.resume) if c.resume else None,
+                  faults=True)   # interim: every job loads the worker fault plug-in
 
 
-def _usable_dir(path: str) -> None:
-    """Refuse a --checkpoint-dir that is a file, cannot be made, or cannot be written."""
-    import tempfile
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"--checkpoint-dir {path} is not a directory: name a directory (it is made if "
-                          "missing)")
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".hotspare-probe-"):
-            pass
-    except OSError as e:
-        raise ConfigError(f"--checkpoint-dir {path} cannot be written ({e.strerror or e}): choose a writable "
-                          "directory") from None
+def checkpoint_dir(cfg: RunConfig) -> str:
+    """Where checkpoints go: --checkpoint-dir, else ./hotspare-checkpoints for the last one of a
+    job that stops for lack of capacity."""
+    return os.path.abspath(cfg.checkpoint.checkpoint_dir or "hotspare-checkpoints")
+
+
+def _control_plane(cfg: RunConfig, pre: Preflight, events: "queue.Queue", health, log):
+    """The ledger, the cluster view and the coordinator, their settings taken from the config
+    here and nowhere else."""
+    from hotspare.coordinator import Coordinator, Ledger
+    from hotspare.coordinator.nodes import Nodes
+    from hotspare.policy.decide import ClusterView
+    c, hang = cfg.checkpoint, cfg.hang
+    settings = {"script": cfg.script, "args": list(cfg.script_args), "nproc": cfg.launch.nproc,
+                "spares": cfg.capacity.spares, "inject": [str(f) for f in pre.faults],
+                "checkpoint_dir": c.checkpoint_dir, "checkpoint_every": c.checkpoint_every,
+                "resume": c.resume, "hang_floor_s": hang.hang_floor, "hang_factor": hang.hang_factor,
+                "backend": cfg.launch.backend}
+    ledger = Ledger(settings)
+    ledger.checkpoint_fallbacks.extend(pre.fallbacks)
+    view = ClusterView(world_size=cfg.launch.nproc, target_spares=cfg.capacity.spares, resume=pre.resume_path,
+                       replacements_left=cfg.capacity.max_replacements, capacity_wait=cfg.capacity.capacity_wait)
+    coord = Coordinator(Nodes(usable=health.usable if health else (lambda d: True)), events, view, ledger,
+                        log=log, log_every=cfg.launch.log_every, hang_floor=hang.hang_floor,
+                        hang_factor=hang.hang_factor, join_timeout=hang.join_timeout,
+                        checkpoint_dir=checkpoint_dir(cfg), health=health, faults=pre.faults,
+                        checkpoint_key=pre.key)
+    return ledger, coord
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        faults = _validate(args)
+        cfg = from_namespace(RunConfig, args)
+        pre = preflight(cfg)
     except ConfigError as e:
-        print(f"hotspare run: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(e)
+    from hotspare.checkpoint.auth import ENV_KEY
+    os.environ[ENV_KEY] = pre.key_file     # what this process's messages name (hotspare.checkpoint.auth)
 
-    from hotspare.coordinator import Coordinator, Ledger
-    from hotspare.coordinator.nodes import NodeEndpoint, Nodes
-    from hotspare.policy.decide import ClusterView
+    from hotspare.coordinator.nodes import NodeEndpoint
 
     t0 = time.time()
 
@@ -296,64 +124,43 @@ def run(args: argparse.Namespace) -> int:
 
     from hotspare.pg.bound_store import master_store
     from hotspare.protocol import auth
+    launch = cfg.launch
     try:
-        secret = auth.load_secret(args.secret_file) if args.secret_file else auth.new_secret()
+        secret = auth.load_secret(launch.secret_file) if launch.secret_file else auth.new_secret()
     except ConfigError as e:
-        print(f"hotspare run: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(e)
     # The launcher hosts the rendezvous store, so it outlives any worker; on --master-addr only.
-    store = master_store(args.master_addr, args.master_port)
-    env = dict(os.environ)
-    env.update(WORLD_SIZE=str(args.nproc), LOCAL_WORLD_SIZE=str(args.nproc), MASTER_ADDR=args.master_addr,
-               MASTER_PORT=str(store.port), ROLE_WORLD_SIZE=str(args.nproc), GROUP_WORLD_SIZE="1", GROUP_RANK="0",
+    store = master_store(launch.master_addr, launch.master_port)
+    # The workers inherit this environment, less any stale worker contract, plus torchrun's
+    # variables and the job's part of the contract (the agents add each worker's own part).
+    env = without_contract(os.environ)
+    env.update(WORLD_SIZE=str(launch.nproc), LOCAL_WORLD_SIZE=str(launch.nproc), MASTER_ADDR=launch.master_addr,
+               MASTER_PORT=str(store.port), ROLE_WORLD_SIZE=str(launch.nproc), GROUP_WORLD_SIZE="1", GROUP_RANK="0",
                TORCHELASTIC_RUN_ID="hotspare", PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["HOTSPARE_JOIN_TIMEOUT"] = str(args.join_timeout)
-    checkpoint_dir = os.path.abspath(args.checkpoint_dir or "hotspare-checkpoints")
-    # Workers write (and restore) only inside these, signed with the key file named here.
-    env.update(HOTSPARE_CHECKPOINT_DIR=checkpoint_dir, HOTSPARE_CHECKPOINT_KEY=args.key_file)
-    if args.checkpoint_dir:
-        env.update(HOTSPARE_CHECKPOINT_EVERY=str(args.checkpoint_every),
-                   HOTSPARE_CHECKPOINT_SECONDS=str(args.checkpoint_seconds))
-    if args.resume:
-        env["HOTSPARE_RESUME_DIR"] = os.path.abspath(args.resume)
-    env["HOTSPARE_FINGERPRINT_EVERY"] = str(args.fingerprint_every)
+    env.update(job_env(cfg, pre).to_env())
     events: queue.Queue = queue.Queue()
     try:
-        health, source, poller = _health_service(args, events, log)
+        health, source, poller = _health_service(cfg, pre, events, log)
     except ConfigError as e:
-        print(f"hotspare run: error: {e}", file=sys.stderr)
-        return 2
-    settings = {"script": args.script, "args": args.script_args, "nproc": args.nproc,
-                "spares": args.spares, "inject": [str(f) for f in faults],
-                "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
-                "resume": args.resume, "hang_floor_s": args.hang_floor, "hang_factor": args.hang_factor}
-    ledger = Ledger(settings)
-    ledger.checkpoint_fallbacks.extend(args.checkpoint_fallbacks)
-    view = ClusterView(world_size=args.nproc, target_spares=args.spares,
-                       resume=getattr(args, "resume_path", None), replacements_left=args.max_replacements,
-                       capacity_wait=args.capacity_wait)
-    coord = Coordinator(Nodes(usable=health.usable if health else (lambda d: True)), events, view, ledger,
-                        log=log, log_every=args.log_every or 0,
-                        hang_floor=args.hang_floor, hang_factor=args.hang_factor,
-                        join_timeout=args.join_timeout,
-                        checkpoint_dir=checkpoint_dir, health=health, faults=faults,
-                        checkpoint_key=args.key)
+        return _fail(e)
+    ledger, coord = _control_plane(cfg, pre, events, health, log)
     # This host's node agents talk to the coordinator over TCP, as remote agents would.
     endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
-    agents = _agents(args, env, endpoint.address, secret, health.devices if health else None,
+    agents = _agents(cfg, env, endpoint.address, secret, health.devices if health else None,
                      _device_fault(source, log) if source is not None else None)
-    log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
-    for note in args.checkpoint_fallbacks:
+    log(f"job: {launch.nproc} rank(s) + {cfg.capacity.spares} warm spare(s): "
+        f"{' '.join([cfg.script, *cfg.script_args])}")
+    for note in pre.fallbacks:
         log(f"CHECKPOINT refused {note['refused']}: {note['reason']}")
-    if args.checkpoint_fallbacks:
-        log(f"CHECKPOINT --resume falls back to the older checkpoint of step {args.checkpoint_fallbacks[0]['step']} "
-            f"({args.resume_path})")
+    if pre.fallbacks:
+        log(f"CHECKPOINT --resume falls back to the older checkpoint of step {pre.fallbacks[0]['step']} "
+            f"({pre.resume_path})")
     forked = all(agent.zygote is not None for agent in agents)
     log("spawn: workers and spares fork from a zygote that imported torch once (--spawn exec: fresh "
         "interpreters)" if forked else "spawn: each worker and spare starts as a fresh interpreter")
     from hotspare.coordinator.control import ControlServer
-    control = ControlServer(events, secret, describe={"script": args.script, "nproc": args.nproc})
+    control = ControlServer(events, secret, describe={"script": cfg.script, "nproc": launch.nproc})
     log(f"control: {control.address} (hotspare inject SPEC sends a fault to this job)")
     try:
         coord.start(nodes=len(agents))
@@ -367,13 +174,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if poller is not None:
         poller.start()
-    stop_signals = _StopSignals(events, graceful=bool(args.checkpoint_dir))
+    graceful = bool(cfg.checkpoint.checkpoint_dir)
+    stop_signals = _StopSignals(events, graceful=graceful)
     try:
         code = coord.run()
     except (KeyboardInterrupt, _Interrupted) as e:
         signame, code = (e.signame, e.code) if isinstance(e, _Interrupted) else ("SIGINT", 130)
         what = "interrupted by the user" if signame == "SIGINT" else f"terminated by {signame}"
-        extra = "" if args.checkpoint_dir else " (no --checkpoint-dir: no last checkpoint was written)"
+        extra = "" if graceful else " (no --checkpoint-dir: no last checkpoint was written)"
         ledger.outcome, ledger.message = "interrupted", f"{what}{extra}"
     finally:
         stop_signals.ignore_term()
@@ -392,10 +200,10 @@ def run(args: argparse.Namespace) -> int:
     ledger.nodes = coord.nodes.describe()
     report = ledger.report()
     _summary(log, report, code)
-    if args.report:
-        with open(args.report, "w") as f:
+    if cfg.launch.report:
+        with open(cfg.launch.report, "w") as f:
             json.dump(report, f, indent=2)
-        log(f"report written to {args.report}")
+        log(f"report written to {cfg.launch.report}")
     return code
 
 
@@ -429,15 +237,15 @@ class _StopSignals:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _agents(args, env: dict[str, str], coordinator: str, secret: bytes, devices: list[str] | None,
+def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes, devices: list[str] | None,
             device_fault) -> list:
     """The node agents of this host: one, or ``--local-nodes`` K, each with a contiguous share
     of the device slots."""
     import socket
 
     from hotspare.agent import NodeAgent
-    cmd = [sys.executable, args.script, *args.script_args]
-    k = args.local_nodes
+    cmd = [sys.executable, cfg.script, *cfg.script_args]
+    k = cfg.launch.local_nodes
     host = socket.gethostname()
     agents = []
     for i in range(k):
@@ -449,13 +257,14 @@ def _agents(args, env: dict[str, str], coordinator: str, secret: bytes, devices:
                 node_env["LOCAL_WORLD_SIZE"] = str(len(share))
         agents.append(NodeAgent(cmd, node_env, coordinator=coordinator, secret=secret,
                                 node=host if k == 1 else f"{host}-{i}",
-                                devices=share, device_fault=device_fault, spawn=args.spawn))
+                                devices=share, device_fault=device_fault, spawn=cfg.launch.spawn))
     return agents
 
 
-def _health_service(args, events: "queue.Queue", log):
+def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
     """The telemetry source, its poller (feeding the coordinator's queue) and the monitor."""
-    if args.telemetry == "off":
+    h = cfg.health
+    if h.telemetry == "off":
         return None, None, None
     import tempfile
 
@@ -464,24 +273,24 @@ def _health_service(args, events: "queue.Queue", log):
     from hotspare.health.rules import load_rules
     from hotspare.health.telemetry import NvmlSource, Poller, SimulatedSource
 
-    slots = args.devices or args.nproc + args.spares
-    if args.telemetry in ("auto", "nvml"):
+    slots = cfg.slots
+    if h.telemetry in ("auto", "nvml"):
         source = NvmlSource()
         ok, why = source.status()
         if not ok:
-            if args.telemetry == "nvml":
+            if h.telemetry == "nvml":
                 raise SystemExit(f"hotspare run: error: --telemetry nvml: {why}")
             source = SimulatedSource(slots)
             source.fallback_reason = why
     else:
         source = SimulatedSource(slots)
     devices = source.devices()[:slots] if source.name == "simulated" else source.devices()
-    db = args.health_db or os.environ.get(ENV_PATH)
+    db = h.health_db or os.environ.get(ENV_PATH)
     if db is None and source.name == "simulated":   # simulated devices are this run's own
         db = os.path.join(tempfile.mkdtemp(prefix="hotspare-health-"), "health.json")
     registry = Registry(db, slurm="auto")             # real devices: the node's shared registry
     db = str(registry.path)
-    rules = getattr(args, "rules", None) or load_rules()
+    rules = pre.rules or load_rules()
 
     def reset(device: str) -> None:        # what a GPU reset does to the simulated device
         if isinstance(source, SimulatedSource):
@@ -492,10 +301,10 @@ def _health_service(args, events: "queue.Queue", log):
         return diagnose_device(device, source, rules, stop=stop)
 
     monitor = HealthMonitor(rules, registry, devices, log=log, diagnose=diagnose, reset=reset)
-    if args.admission != "off":
-        _admit(args.admission, devices, registry, log)
+    if h.admission != "off":
+        _admit(h.admission, devices, registry, log)
     poller = Poller(source, lambda readings: events.put(("readings", "", readings, time.time())),
-                    period_s=args.telemetry_period)
+                    period_s=h.telemetry_period)
     log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db} "
         f"(hotspare health --db {db})")
     return monitor, source, poller

@@ -1,69 +1,67 @@
 """The worker environment contract: what a managed worker is told through its environment.
 
-The launcher and the node agent write it (``WorkerEnv.to_env``), the runtime reads it once
-(``WorkerEnv.from_env``); no other module reads a ``HOTSPARE_*`` variable of a worker. Standard
+Two parts, one declaration each:
+
+* ``JobEnv``, the job-wide part (backend, timeouts, checkpoints, ...). ``hotspare run`` builds
+  it from its configuration and writes it into the node agents' base environment.
+* ``WorkerEnv``, a ``JobEnv`` plus who and where this worker is (its agent, id, role, device).
+  The node agent completes it for each worker it spawns (``WorkerEnv.of``) and writes it
+  (``to_env``); the runtime reads it once (``WorkerEnv.from_env``).
+
+No other module writes or reads a ``HOTSPARE_*`` variable of a worker. Standard
 torch.distributed variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``) are written beside it, as torchrun writes them, so a script that reads them
-sees what it expects.
+sees what it expects. docs/CONFIG.md lists every variable (``python -m hotspare.config.doc``).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+import math
+from typing import Any, Mapping
 
 from hotspare.errors import ConfigError
 
 PREFIX = "HOTSPARE_"
 BACKENDS = ("gloo", "nccl")
 ROLES = ("active", "spare")
+LAUNCHER, AGENT = "hotspare run", "node agent"
 
-# field -> environment variable. The agent's address is what makes a process "managed".
-_VARS = {
-    "agent": "HOTSPARE_AGENT",                 # host:port of the node agent
-    "worker": "HOTSPARE_WORKER_ID",
-    "role": "HOTSPARE_ROLE",                   # active | spare
-    "device": "HOTSPARE_DEVICE",               # the device slot the agent assigned, if any
-    "backend": "HOTSPARE_BACKEND",             # gloo | nccl: each generation's process group
-    "join_timeout_s": "HOTSPARE_JOIN_TIMEOUT",  # seconds to form a generation's group
-    "fingerprint_every": "HOTSPARE_FINGERPRINT_EVERY",   # steps between health votes (0: no fingerprint)
-    "checkpoint_dir": "HOTSPARE_CHECKPOINT_DIR",
-    "checkpoint_every": "HOTSPARE_CHECKPOINT_EVERY",     # steps; 0 with checkpoint_seconds 0: none
-    "checkpoint_seconds": "HOTSPARE_CHECKPOINT_SECONDS",
-    "checkpoint_key": "HOTSPARE_CHECKPOINT_KEY",         # the signing key's file
-    "resume_dir": "HOTSPARE_RESUME_DIR",       # --resume DIR: may be read, never written
-    "faults": "HOTSPARE_FAULTS",               # 1: the fault-injection plug-in is loaded (testing)
-}
+
+def _var(default: Any, var: str, doc: str, writer: str = LAUNCHER) -> Any:
+    """A field of the contract: its environment variable, what it means, who writes it."""
+    return dataclasses.field(default=default, metadata={"var": var, "doc": doc, "writer": writer})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class WorkerEnv:
-    agent: str
-    worker: str
-    role: str = "active"
-    device: str | None = None
-    backend: str = "gloo"
-    join_timeout_s: float = 5.0
-    fingerprint_every: int = 10
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    checkpoint_seconds: float = 0.0
-    checkpoint_key: str | None = None
-    resume_dir: str | None = None
-    faults: bool = False
+class JobEnv:
+    """The job-wide part: the same for every worker of a job."""
+    backend: str = _var("gloo", "HOTSPARE_BACKEND", "gloo | nccl: each generation's process group (--backend)")
+    join_timeout_s: float = _var(5.0, "HOTSPARE_JOIN_TIMEOUT", "seconds to form a generation's group "
+                                 "(--join-timeout)")
+    fingerprint_every: int = _var(10, "HOTSPARE_FINGERPRINT_EVERY", "steps between health votes; 0: no "
+                                  "fingerprint (--fingerprint-every)")
+    checkpoint_dir: str | None = _var(None, "HOTSPARE_CHECKPOINT_DIR", "the only directory a worker writes "
+                                      "checkpoints to (--checkpoint-dir, else ./hotspare-checkpoints for a last one)")
+    checkpoint_every: int = _var(0, "HOTSPARE_CHECKPOINT_EVERY", "steps between periodic checkpoints; 0 with "
+                                 "checkpoint_seconds 0: none (--checkpoint-every)")
+    checkpoint_seconds: float = _var(0.0, "HOTSPARE_CHECKPOINT_SECONDS", "at most this many seconds between "
+                                     "periodic checkpoints (--checkpoint-seconds)")
+    checkpoint_key: str | None = _var(None, "HOTSPARE_CHECKPOINT_KEY", "the file of the key that signs "
+                                      "checkpoints (--checkpoint-key); also read by hotspare.checkpoint.auth")
+    resume_dir: str | None = _var(None, "HOTSPARE_RESUME_DIR", "--resume DIR: may be read, never written")
+    faults: bool = _var(False, "HOTSPARE_FAULTS", "1: the fault-injection plug-in is loaded (testing)")
 
     def __post_init__(self) -> None:
-        if not self.agent or ":" not in self.agent:
-            raise ConfigError(f"{_VARS['agent']} must be host:port, got {self.agent!r}")
-        if not self.worker:
-            raise ConfigError(f"{_VARS['worker']} is empty")
-        if self.role not in ROLES:
-            raise ConfigError(f"{_VARS['role']} must be one of {ROLES}, got {self.role!r}")
+        _check_types(self)
         if self.backend not in BACKENDS:
-            raise ConfigError(f"{_VARS['backend']} must be one of {BACKENDS}, got {self.backend!r}")
-        if not self.join_timeout_s > 0:
-            raise ConfigError(f"{_VARS['join_timeout_s']} must be > 0, got {self.join_timeout_s}")
-        if self.fingerprint_every < 0 or self.checkpoint_every < 0 or self.checkpoint_seconds < 0:
-            raise ConfigError("fingerprint_every, checkpoint_every and checkpoint_seconds must be >= 0")
+            raise ConfigError(f"{_name('backend')} must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if not (self.join_timeout_s > 0 and math.isfinite(self.join_timeout_s)):
+            raise ConfigError(f"{_name('join_timeout_s')} must be a finite number of seconds > 0, "
+                              f"got {self.join_timeout_s}")
+        for name in ("fingerprint_every", "checkpoint_every", "checkpoint_seconds"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(f"{_name(name)} must be 0 or more, got {value}")
 
     def to_env(self) -> dict[str, str]:
         """The variables to set in the worker's environment (unset fields are left out)."""
@@ -72,43 +70,106 @@ class WorkerEnv:
             value = getattr(self, field.name)
             if value is None:
                 continue
-            out[_VARS[field.name]] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+            out[field.metadata["var"]] = ("1" if value else "0") if isinstance(value, bool) else str(value)
         return out
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> "WorkerEnv | None":
-        """The contract as this process's environment states it; None when not managed (no
-        agent: plain ``python`` or ``torchrun``). A malformed value is a ConfigError naming it."""
-        if _VARS["agent"] not in environ:
-            return None
+    def from_env(cls, environ: Mapping[str, str]):
+        """The contract as ``environ`` states it; a missing variable takes its default. A
+        malformed value is a ConfigError naming the variable."""
         kwargs = {}
         for field in dataclasses.fields(cls):
-            raw = environ.get(_VARS[field.name])
-            if raw is None:
-                continue
-            kwargs[field.name] = _parse(field.name, raw)
+            raw = environ.get(field.metadata["var"])
+            if raw is not None:
+                kwargs[field.name] = _parse(field, raw)
+            elif field.default is dataclasses.MISSING:
+                raise ConfigError(f"{field.metadata['var']} is not set (the {field.metadata['writer']} writes it)")
         return cls(**kwargs)
 
     @classmethod
     def variables(cls) -> dict[str, str]:
         """field -> environment variable, for documentation and for clearing a child's env."""
-        return dict(_VARS)
+        return {f.name: f.metadata["var"] for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, str, str, str]]:
+        """(variable, field, who writes it, what it means) of every field, for docs/CONFIG.md."""
+        return [(f.metadata["var"], f.name, f.metadata["writer"], f.metadata["doc"]) for f in dataclasses.fields(cls)]
 
 
-_INTS = {"fingerprint_every", "checkpoint_every"}
-_FLOATS = {"join_timeout_s", "checkpoint_seconds"}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerEnv(JobEnv):
+    """One worker's whole contract: the job's part plus who and where it is. The agent's
+    address is what makes a process "managed"."""
+    agent: str = _var(dataclasses.MISSING, "HOTSPARE_AGENT", "host:port of the node agent; its presence means managed", AGENT)
+    worker: str = _var(dataclasses.MISSING, "HOTSPARE_WORKER_ID", "the worker's id (w0, w1, ...)", AGENT)
+    role: str = _var("active", "HOTSPARE_ROLE", "active | spare", AGENT)
+    device: str | None = _var(None, "HOTSPARE_DEVICE", "the device slot the agent assigned (host/gpu0), if any",
+                              AGENT)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.agent or ":" not in self.agent:
+            raise ConfigError(f"{_name('agent')} must be host:port, got {self.agent!r}")
+        if not self.worker:
+            raise ConfigError(f"{_name('worker')} is empty")
+        if self.role not in ROLES:
+            raise ConfigError(f"{_name('role')} must be one of {', '.join(ROLES)}, got {self.role!r}")
+
+    @classmethod
+    def of(cls, job: JobEnv, *, agent: str, worker: str, role: str = "active",
+           device: str | None = None) -> "WorkerEnv":
+        """The agent's half: ``job``'s part completed for one worker."""
+        shared = {f.name: getattr(job, f.name) for f in dataclasses.fields(JobEnv)}
+        return cls(**shared, agent=agent, worker=worker, role=role, device=device)
+
+    def job(self) -> JobEnv:
+        """The job-wide part alone."""
+        return JobEnv(**{f.name: getattr(self, f.name) for f in dataclasses.fields(JobEnv)})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "WorkerEnv | None":
+        """This process's contract; None when not managed (no agent: plain ``python`` or
+        ``torchrun``). A malformed value is a ConfigError naming the variable."""
+        if _name("agent") not in environ:
+            return None
+        return super().from_env(environ)
 
 
-def _parse(name: str, raw: str):
-    try:
-        if name in _INTS:
-            return int(raw)
-        if name in _FLOATS:
-            return float(raw)
-    except ValueError:
-        raise ConfigError(f"{_VARS[name]}={raw!r} is not a number") from None
-    if name == "faults":
+def without_contract(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less every variable of the contract: what a child may inherit before its own
+    contract is written into it (a stale ``HOTSPARE_RESUME_DIR`` of the caller must not leak)."""
+    ours = set(WorkerEnv.variables().values())
+    return {k: v for k, v in environ.items() if k not in ours}
+
+
+def _name(field: str) -> str:
+    return WorkerEnv.variables()[field]
+
+
+_TYPES = {"str": str, "str | None": (str, type(None)), "int": int, "float": (int, float), "bool": bool}
+
+
+def _check_types(env: JobEnv) -> None:
+    """A value of the wrong type is refused here, not where a worker first uses it."""
+    for field in dataclasses.fields(env):
+        value = getattr(env, field.name)
+        ok = _TYPES[field.type]
+        if not isinstance(value, ok) or (field.type in ("int", "float") and isinstance(value, bool)):
+            raise ConfigError(f"{field.metadata['var']} must be {field.type}, got {value!r}")
+
+
+def _parse(field: dataclasses.Field, raw: str) -> Any:
+    var = field.metadata["var"]
+    if field.type in ("int", "float"):
+        try:
+            return int(raw) if field.type == "int" else float(raw)
+        except ValueError:
+            raise ConfigError(f"{var}={raw!r} is not {'an integer' if field.type == 'int' else 'a number'}") from None
+    if field.type == "bool":
         if raw not in ("0", "1"):
-            raise ConfigError(f"{_VARS[name]} must be 0 or 1, got {raw!r}")
+            raise ConfigError(f"{var} must be 0 or 1, got {raw!r}")
         return raw == "1"
-    return raw or None if name in ("device", "checkpoint_dir", "checkpoint_key", "resume_dir") else raw
+    if field.type == "str | None":
+        return raw or None
+    return raw

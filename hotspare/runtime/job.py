@@ -130,7 +130,7 @@ class Job:
         self._ddps: list[torch.nn.Module] = []
         self._plain = (0, 1)                  # (rank, world size) outside hotspare run
         self._checked_tracking = False
-        self._persist = Persister(self.registry, on_done=self._report_checkpoint)
+        self._persist = Persister(self.registry, on_done=self._report_checkpoint, env=env)
         self.protocol = StepProtocol(self.progress, None, None, None, self.rankstate, self.grads, self.rows,
                                      self.loaders, self.hooks, self.collectives)
         if log_every_s is None:

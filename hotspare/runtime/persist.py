@@ -6,10 +6,10 @@ manifest (JSON metadata), so restoring one goes through the same ``prepare_recei
 only (names, dtypes, shapes): it identifies the job's model whether or not the optimizer has
 created its state yet.
 
-A worker writes and reads checkpoints only inside the directories its launcher named
-(``HOTSPARE_CHECKPOINT_DIR``, and ``HOTSPARE_RESUME_DIR`` for ``--resume``), symbolic links
-resolved: an order naming another path is refused. Every checkpoint is signed and verified
-with the key file ``HOTSPARE_CHECKPOINT_KEY`` names (``hotspare.checkpoint.auth``).
+A worker writes and reads checkpoints only inside the directories its launcher named in the
+worker contract (``JobEnv.checkpoint_dir``, and ``resume_dir`` for ``--resume``), symbolic
+links resolved: an order naming another path is refused. Every checkpoint is signed and
+verified with the key in the file ``JobEnv.checkpoint_key`` names (``hotspare.checkpoint.auth``).
 """
 from __future__ import annotations
 
@@ -21,12 +21,10 @@ import torch
 
 from hotspare.checkpoint import (AsyncCheckpointer, CheckpointError, CheckpointInfo, fingerprint_of, load,
                                  load_key, save, within)
+from hotspare.protocol.workerenv import JobEnv, WorkerEnv
 from hotspare.runtime.state import Snapshot, StateRegistry
 
-ENV_DIR = "HOTSPARE_CHECKPOINT_DIR"
-ENV_EVERY = "HOTSPARE_CHECKPOINT_EVERY"        # steps
-ENV_SECONDS = "HOTSPARE_CHECKPOINT_SECONDS"
-ENV_RESUME = "HOTSPARE_RESUME_DIR"             # --resume DIR: may be read, never written
+PROCESS_ENV = object()    # Persister's default: this process's own contract, read from os.environ
 
 
 def fingerprint(registry: StateRegistry) -> str:
@@ -43,20 +41,28 @@ def _payload(snap: Snapshot, step: int) -> tuple[dict[str, torch.Tensor], dict]:
 class Persister:
     """Periodic asynchronous checkpoints by the generation's rank 0, as configured by the launcher."""
 
-    def __init__(self, registry: StateRegistry, on_done: Callable[[CheckpointInfo], None] | None = None):
-        """``on_done`` hears of each finished background write at once, from the writer thread."""
+    def __init__(self, registry: StateRegistry, on_done: Callable[[CheckpointInfo], None] | None = None,
+                 env: JobEnv | None = PROCESS_ENV):  # type: ignore[assignment]
+        """``on_done`` hears of each finished background write at once, from the writer thread.
+        ``env``: the worker contract that names the checkpoint directories, intervals and key
+        (a ``WorkerEnv`` or its job-wide ``JobEnv``); None: not managed, so no directory is
+        configured and every write or restore is refused. Left out, it is read from this
+        process's environment (``WorkerEnv.from_env(os.environ)``)."""
+        if env is PROCESS_ENV:
+            env = WorkerEnv.from_env(os.environ)
         self.registry = registry
         self._on_done = on_done
-        self.directory = os.environ.get(ENV_DIR) or None
-        every = int(os.environ.get(ENV_EVERY, 0)) or None
-        seconds = float(os.environ.get(ENV_SECONDS, 0)) or None
+        self.directory = env.checkpoint_dir if env else None
+        self._resume_dir = env.resume_dir if env else None
+        self._key_file = env.checkpoint_key if env else None
         self._async: AsyncCheckpointer | None = None
-        self._every, self._seconds = every, seconds
+        self._every = (env.checkpoint_every if env else 0) or None
+        self._seconds = (env.checkpoint_seconds if env else 0.0) or None
         self._key: bytes | None = None
 
     def _signing_key(self) -> bytes:
         if self._key is None:
-            self._key = load_key()
+            self._key = load_key(self._key_file)    # None: $HOTSPARE_CHECKPOINT_KEY, else the default file
         return self._key
 
     def _confined(self, path: str, roots: list[str | None], what: str) -> None:
@@ -109,7 +115,7 @@ class Persister:
 
     def restore(self, path: str) -> int:
         """Load a verified checkpoint into the tracked objects; returns its step."""
-        self._confined(path, [self.directory, os.environ.get(ENV_RESUME)], "restore from")
+        self._confined(path, [self.directory, self._resume_dir], "restore from")
         step, tensors, manifest, _info = load(path, fingerprint(self.registry), key=self._signing_key())
         dsts, needs_load = self.registry.prepare_receive(manifest)
         with torch.no_grad():
