@@ -201,12 +201,22 @@ class GenerationGroup:
 
     def allreduce(self, tensor: torch.Tensor) -> dist.Work:
         """Start a sum all-reduce of ``tensor``, in place, on this generation's group: the group's
-        own call, without torch.distributed's per-call Python checks (the gradient buckets)."""
+        own call, without torch.distributed's per-call Python checks (the gradient buckets).
+        On NCCL the tensor must be on ``self.device``."""
+        self._refuse_if_aborted()
         return self._pg.allreduce([tensor], self._sum)
 
     def all_gather(self, out: torch.Tensor, tensor: torch.Tensor) -> dist.Work:
         """Start gathering every rank's ``tensor`` (all the same size) into ``out``, rank by rank."""
+        self._refuse_if_aborted()
         return self._pg._allgather_base(out, tensor)
+
+    def _refuse_if_aborted(self) -> None:
+        # An aborted ProcessGroupNCCL may lazily create a fresh communicator for a new
+        # collective; a generation that was aborted must never talk again. (gloo's aborted
+        # sockets fail by themselves, as before.)
+        if self.backend == "nccl" and self._aborted.is_set():
+            raise PeerFailure(f"generation {self.gen} was aborted")
 
     @property
     def store(self) -> dist.Store:
