@@ -75,6 +75,7 @@ def check_nccl(args, torch, dev):
         t0 = time.perf_counter()
         g.abort()
         abort_s = time.perf_counter() - t0
+        stuck = g.abort_stuck
         try:
             w = g.allreduce(torch.ones(4, device=dev))
             g.wait(w, timeout_s=10)
@@ -84,11 +85,11 @@ def check_nccl(args, torch, dev):
         g.destroy()
         alive = float((torch.ones(8, device=dev) * 2).sum()) == 16.0
         gens.append({"gen": gen, "connect_s": round(connect_s, 4), "allreduce_s": round(allreduce_s, 5),
-                     "abort_s": round(abort_s, 5), "sum_correct": correct, "after_abort": after,
+                     "abort_s": round(abort_s, 5), "abort_stuck": stuck, "sum_correct": correct, "after_abort": after,
                      "cuda_alive_after_destroy": alive, "dist_initialized_after": dist.is_initialized()})
     env_ok = all(os.environ.get(k) == v for k, v in nccl_environment(30).items()
                  if k != "NCCL_DEBUG")
-    ok = env_ok and all(g["sum_correct"] and g["after_abort"].startswith("raised") and
+    ok = env_ok and all(g["sum_correct"] and g["after_abort"].startswith("raised") and not g["abort_stuck"] and
                         g["cuda_alive_after_destroy"] and not g["dist_initialized_after"] for g in gens)
     return ok, {"nccl_version": ".".join(map(str, torch.cuda.nccl.version())),
                 "environment_applied": env_ok, "generations": gens}

@@ -2,6 +2,7 @@
 the device a rank binds to, the supervised wait; the NCCL runs themselves need a CUDA GPU."""
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -112,3 +113,36 @@ def test_nccl_generations_are_created_aborted_and_rebuilt_in_process():
         assert not dist.is_initialized()
         assert float(torch.ones(4, device="cuda:0").sum()) == 4.0     # the process lives on
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+
+
+class HangingNcclGroup:
+    """Stands in for a ProcessGroupNCCL whose ncclCommAbort does not return (a peer stopped
+    mid-collective): abort() blocks until released. A test double, never on the production path."""
+
+    def __init__(self):
+        self.release, self.calls = threading.Event(), 0
+
+    def abort(self):
+        self.calls += 1
+        self.release.wait(30)
+
+
+def test_an_nccl_abort_that_hangs_does_not_hang_the_caller_and_says_the_process_must_go():
+    g = GenerationGroup(dist.HashStore(), 1, 0, 1, "h/", backend="nccl", device="cuda:0")
+    g.abort_deadline_s = 0.2
+    fake = HangingNcclGroup()
+    g._pg = fake                       # what connect() would have built, on a GPU
+    t0 = time.monotonic()
+    g.abort()
+    g.abort()                          # a second caller (the supervised wait) waits no longer
+    assert time.monotonic() - t0 < 2.0 and fake.calls == 1
+    assert g.aborted and g.abort_stuck
+    with pytest.raises(PeerFailure, match="was aborted"):
+        g.allreduce(torch.ones(1))     # an aborted NCCL generation never talks again
+    g.destroy()                        # returns: it does not call the hanging abort again
+    assert fake.calls == 1
+    fake.release.set()
+    deadline = time.monotonic() + 5
+    while g.abort_stuck and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not g.abort_stuck

@@ -40,6 +40,8 @@ import torch.distributed as dist
 from hotspare.errors import PeerFailure
 from hotspare.pg import nccl
 
+NCCL_ABORT_DEADLINE_S = 10.0
+
 
 def _socket_fds() -> dict[int, str]:
     out = {}
@@ -161,6 +163,8 @@ class GenerationGroup:
         self._fds: dict[int, str] = {}
         self._pg: dist.ProcessGroup | None = None
         self._sum = dist.AllreduceOptions()            # reduceOp SUM
+        self._abort_thread: threading.Thread | None = None
+        self.abort_deadline_s = NCCL_ABORT_DEADLINE_S
 
     @property
     def aborted(self) -> bool:
@@ -197,7 +201,7 @@ class GenerationGroup:
             self._pg = pg
             aborted = self._aborted.is_set()
         if aborted:          # an abort that came while forming had no communicator to reach
-            pg.abort()
+            self._abort_nccl(pg)
 
     def allreduce(self, tensor: torch.Tensor) -> dist.Work:
         """Start a sum all-reduce of ``tensor``, in place, on this generation's group: the group's
@@ -241,9 +245,29 @@ class GenerationGroup:
             fds, pg = dict(self._fds), self._pg
         if self.backend == "nccl":
             if pg is not None:
-                pg.abort()       # ncclCommAbort on this group's communicators; idempotent
+                self._abort_nccl(pg)
             return
         _shutdown_connected(fds)
+
+    def _abort_nccl(self, pg: dist.ProcessGroup) -> None:
+        # ncclCommAbort has been seen never to return on a communicator whose peer was stopped
+        # mid-collective (blocking communicators); the caller (the control thread) must not hang
+        # with it. So it runs in a thread of its own, and after abort_deadline_s the generation
+        # reports abort_stuck: this process cannot free its GPU in-process and must be replaced.
+        with self._lock:
+            thread = self._abort_thread
+            if thread is None:
+                thread = self._abort_thread = threading.Thread(
+                    target=pg.abort, name=f"hotspare-nccl-abort-gen{self.gen}", daemon=True)
+                thread.start()
+        thread.join(self.abort_deadline_s)
+
+    @property
+    def abort_stuck(self) -> bool:
+        """True when an NCCL abort did not return within ``abort_deadline_s``: the worker
+        should exit and be replaced (a fresh process from a spare) rather than rejoin."""
+        t = self._abort_thread
+        return t is not None and t.is_alive()
 
     def wait(self, work: dist.Work, timeout_s: float | None = None, poll_s: float = 0.0005) -> None:
         """Wait for ``work`` on the CPU, the way hotspare supervises a collective: returns when
@@ -271,6 +295,8 @@ class GenerationGroup:
         if not dist.is_initialized():
             return
         if self.backend == "nccl":
+            if self.abort_stuck:
+                return           # calling abort again would hang here too; the process is done
             # The communicator is aborted already; shutdown() would try a graceful
             # ncclCommDestroy of it. This drops the aborted group from torch's registry.
             from torch.distributed.distributed_c10d import _abort_process_group
