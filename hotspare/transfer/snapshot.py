@@ -175,5 +175,5 @@ def digest_of(tensors: list[torch.Tensor]) -> str:
         c = t.detach().contiguous()
         if c.device.type != "cpu":
             c = c.cpu()
-        h.update(c.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(c.reshape(-1).view(torch.uint8).numpy())      # hashed in place, no bytes copy
     return h.hexdigest()
