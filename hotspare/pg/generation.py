@@ -195,7 +195,7 @@ class GenerationGroup:
         # through the abortable store, instead of inside the first collective.
         dist.init_process_group("nccl", store=self._store, rank=self.rank, world_size=self.world,
                                 timeout=self.timeout, device_id=self.device,
-                                pg_options=nccl.nccl_options(nonblocking=True))
+                                pg_options=nccl.nccl_options(self.timeout, nonblocking=True))
         pg = dist.distributed_c10d._get_default_group()
         with self._lock:
             self._pg = pg

@@ -93,14 +93,16 @@ def cuda_device(device: "str | int | None", local_rank: int | None = None):
     return dev
 
 
-def nccl_options(nonblocking: bool = True):
+def nccl_options(timeout: datetime.timedelta, nonblocking: bool = True):
     """``ProcessGroupNCCL.Options`` for a generation: a non-blocking communicator (its
-    ``config.blocking = 0``, the same as ``TORCH_NCCL_USE_COMM_NONBLOCKING=1``) and NCCL's
-    streams at high priority, so gradient all-reduces are not queued behind compute kernels.
-    Needs a torch built with NCCL."""
+    ``config.blocking = 0``, which takes precedence over ``TORCH_NCCL_USE_COMM_NONBLOCKING``) and
+    NCCL's streams at high priority, so gradient all-reduces are not queued behind compute
+    kernels. ``timeout`` is the one ``init_process_group`` gets too (torch warns when they
+    differ). Needs a torch built with NCCL."""
     import torch.distributed as dist
 
     opts = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    opts._timeout = timeout
     if nonblocking:
         opts.config.blocking = 0
     return opts
