@@ -224,9 +224,13 @@ def check_broadcast(args, torch, dev):
         procs = [ctx.Process(target=_gloo_peer, args=(r, store.port, str(dev), cpu_receiver, q)) for r in range(2)]
         for p in procs:
             p.start()
-        res = sorted(q.get(timeout=180) for _ in procs)
-        for p in procs:
-            p.join(timeout=30)
+        try:
+            res = sorted(q.get(timeout=120) for _ in procs)     # a crashed peer: Empty, section fails
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
         key = "gloo_pinned_gpu_to_cpu" if cpu_receiver else "gloo_pinned_gpu_to_gpu"
         out[key] = {"equal": all(r[1] for r in res), "receiver_gbps": round(res[1][2], 3)}
     ok = (out["checksum_cpu_equals_cuda"] and out["nccl_world1_units"] == 3

@@ -68,8 +68,8 @@ def warm_cuda(device: "str | int | None" = None, pool_bytes: int = 0) -> CudaWar
     out.libraries_s = time.perf_counter() - t0
     if pool_bytes:
         t0 = time.perf_counter()
-        block = torch.empty(pool_bytes, dtype=torch.uint8, device=dev)
-        del block                        # freed to the cache, not to the driver
+        # allocated (one cudaMalloc) and dropped at once: freed to the cache, not to the driver
+        torch.empty(pool_bytes, dtype=torch.uint8, device=dev)
         torch.cuda.synchronize(dev)
         out.pool_s = time.perf_counter() - t0
     out.pool_bytes = torch.cuda.memory_reserved(dev)
