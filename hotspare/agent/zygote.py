@@ -8,6 +8,14 @@ touches no device (it refuses to fork if CUDA got initialised), so CUDA, gloo an
 the worker, after the fork, as in a fresh interpreter. (Measured on CPU and gloo; NCCL on GPUs
 has not run forked yet: ``--spawn exec`` is the fallback.)
 
+Warm spares on GPU hosts. A CUDA context cannot be created before the fork (the child could not
+use it), so the zygote never holds one. A spare creates its own, after the fork, while it waits
+as a spare: the runtime calls ``hotspare.runtime.cudawarm.warm_cuda(device, pool_bytes)`` once
+the spare knows its device, which initialises CUDA, binds the device, loads cuBLAS and reserves
+a memory pool in the caching allocator. Taking over then costs no CUDA start-up; the zygote
+stays CUDA-free, and its check below (``torch.cuda.is_initialized()``) still refuses to fork
+if anything it preloads initialised CUDA.
+
 The workers stay the agent's own children. The agent marks itself a child subreaper; the zygote
 forks twice for each worker, and when the middle process exits the kernel re-parents the worker to
 the agent, which then waits for it (exit status, SIGSTOP) and signals it exactly as one it had

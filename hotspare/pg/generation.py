@@ -11,8 +11,19 @@ generation records the TCP connections its backend opened and, on abort, shuts t
 OS level (``shutdown(SHUT_RDWR)`` on a dup of each descriptor). Every blocked collective on this
 rank fails at once, and the peers see "connection closed" a few milliseconds later: the cascade
 frees every survivor. Listening sockets are left alone (gloo's listener thread aborts the whole
-process if its accept() fails). On NCCL the same seam calls ``ncclCommAbort`` through
-``torch.distributed``'s abort.
+process if its accept() fails).
+
+Aborting NCCL (``backend="nccl"``): the group is bound to one CUDA device (``device``, e.g. the
+agent's slot or ``cuda:LOCAL_RANK``) and its communicator is created eagerly and non-blocking
+(``pg/nccl.py``), so the rendezvous goes through the abortable store and a dead peer is seen in
+``connect``. ``abort()`` calls ``ProcessGroup.abort()`` on this generation's group object, which
+runs ``ncclCommAbort`` on its communicators: kernels waiting for a dead peer end, pending works
+raise, the process and its CUDA context live on. It touches no torch.distributed global, so any
+thread may call it; ``destroy()``, in the owning thread, then drops the group from
+torch.distributed's registry (``_abort_process_group``), so the next generation can be built in
+the same process. The watchdog's collective timeout is short (60 s; ``pg/nccl.py``) and with
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` it aborts instead of killing the process. Verified on CPU
+only so far: docs/GPU.md says what a GPU run has to confirm.
 """
 from __future__ import annotations
 
@@ -27,6 +38,9 @@ import torch
 import torch.distributed as dist
 
 from hotspare.errors import PeerFailure
+from hotspare.pg import nccl
+
+NCCL_ABORT_DEADLINE_S = 10.0
 
 
 def _socket_fds() -> dict[int, str]:
@@ -125,20 +139,32 @@ class GenerationGroup:
     rendezvous makes ``connect`` raise ``PeerFailure`` instead of waiting for a dead member."""
 
     def __init__(self, store: dist.Store, gen: int, rank: int, world: int, prefix: str,
-                 backend: str = "gloo", join_timeout_s: float = 5.0, timeout_s: float = 1800.0):
+                 backend: str = "gloo", join_timeout_s: float = 5.0, timeout_s: float | None = None,
+                 *, device: "str | int | torch.device | None" = None):
+        """``backend``: "gloo" (CPU tensors) or "nccl" (CUDA tensors on ``device``, e.g.
+        "cuda:0"; default ``cuda:LOCAL_RANK``). ``timeout_s``: the collective timeout (default
+        30 minutes for gloo, 60 s for NCCL: see ``pg/nccl.py``)."""
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
         self.gen, self.rank, self.world, self.backend = gen, rank, world, backend
+        self.device: torch.device | None = None
+        if backend == "nccl":
+            local = os.environ.get("LOCAL_RANK")
+            self.device = nccl.cuda_device(device, int(local) if local is not None else None)
         # Forming the group gets a short timeout: gloo retries connecting to a member that died
         # after publishing its address until this runs out, and an abort cannot cut that short.
-        # Collectives then keep torch's 30-minute default: hangs are found by heartbeats and
-        # fenced long before that (see policy/hang.py); it is only a last line of defence.
+        # gloo's collectives then keep torch's 30-minute default: hangs are found by heartbeats
+        # and fenced long before that (see policy/hang.py); it is only a last line of defence.
         self.join_timeout = datetime.timedelta(seconds=join_timeout_s)
-        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.timeout = nccl.collective_timeout(timeout_s, backend)
         self._aborted = threading.Event()
         self._store = AbortableStore(dist.PrefixStore(prefix, store), self._aborted, join_timeout_s)
         self._lock = threading.Lock()
         self._fds: dict[int, str] = {}
         self._pg: dist.ProcessGroup | None = None
         self._sum = dist.AllreduceOptions()            # reduceOp SUM
+        self._abort_thread: threading.Thread | None = None
+        self.abort_deadline_s = NCCL_ABORT_DEADLINE_S
 
     @property
     def aborted(self) -> bool:
@@ -150,21 +176,51 @@ class GenerationGroup:
         # the gloo keys of this rank would then never meet its peers'. Every generation starts
         # from the same name (its store prefix keeps generations apart).
         dist.distributed_c10d._world.group_count = 0
+        if self.backend == "nccl":
+            self._connect_nccl()
+            return
         with self._recording():
             dist.init_process_group(self.backend, store=self._store, rank=self.rank,
                                     world_size=self.world, timeout=self.join_timeout)
         self._pg = dist.distributed_c10d._get_default_group()
-        if self.backend == "gloo":
-            self._pg._get_backend(torch.device("cpu")).set_timeout(self.timeout)
+        self._pg._get_backend(torch.device("cpu")).set_timeout(self.timeout)
+
+    def _connect_nccl(self) -> None:
+        if not dist.is_nccl_available():
+            raise ValueError("backend='nccl' needs a torch built with NCCL (a CUDA build); "
+                             "this one has none: use backend='gloo'")
+        nccl.apply_nccl_environment(os.environ, self.join_timeout.total_seconds())
+        torch.cuda.set_device(self.device)
+        # device_id makes the communicator eager: the ncclUniqueId exchange happens here,
+        # through the abortable store, instead of inside the first collective.
+        dist.init_process_group("nccl", store=self._store, rank=self.rank, world_size=self.world,
+                                timeout=self.timeout, device_id=self.device,
+                                pg_options=nccl.nccl_options(self.timeout, nonblocking=True))
+        pg = dist.distributed_c10d._get_default_group()
+        with self._lock:
+            self._pg = pg
+            aborted = self._aborted.is_set()
+        if aborted:          # an abort that came while forming had no communicator to reach
+            self._abort_nccl(pg)
 
     def allreduce(self, tensor: torch.Tensor) -> dist.Work:
         """Start a sum all-reduce of ``tensor``, in place, on this generation's group: the group's
-        own call, without torch.distributed's per-call Python checks (the gradient buckets)."""
+        own call, without torch.distributed's per-call Python checks (the gradient buckets).
+        On NCCL the tensor must be on ``self.device``."""
+        self._refuse_if_aborted()
         return self._pg.allreduce([tensor], self._sum)
 
     def all_gather(self, out: torch.Tensor, tensor: torch.Tensor) -> dist.Work:
         """Start gathering every rank's ``tensor`` (all the same size) into ``out``, rank by rank."""
+        self._refuse_if_aborted()
         return self._pg._allgather_base(out, tensor)
+
+    def _refuse_if_aborted(self) -> None:
+        # An aborted ProcessGroupNCCL may lazily create a fresh communicator for a new
+        # collective; a generation that was aborted must never talk again. (gloo's aborted
+        # sockets fail by themselves, as before.)
+        if self.backend == "nccl" and self._aborted.is_set():
+            raise PeerFailure(f"generation {self.gen} was aborted")
 
     @property
     def store(self) -> dist.Store:
@@ -186,14 +242,64 @@ class GenerationGroup:
         Safe to call from any thread, any number of times."""
         with self._lock:
             self._aborted.set()
-            fds = dict(self._fds)
-        if self.backend == "nccl":  # pragma: no cover - needs GPUs
-            from torch.distributed.distributed_c10d import _abort_process_group
-            _abort_process_group()
+            fds, pg = dict(self._fds), self._pg
+        if self.backend == "nccl":
+            if pg is not None:
+                self._abort_nccl(pg)
             return
         _shutdown_connected(fds)
 
+    def _abort_nccl(self, pg: dist.ProcessGroup) -> None:
+        # ncclCommAbort has been seen never to return on a communicator whose peer was stopped
+        # mid-collective (blocking communicators); the caller (the control thread) must not hang
+        # with it. So it runs in a thread of its own, and after abort_deadline_s the generation
+        # reports abort_stuck: this process cannot free its GPU in-process and must be replaced.
+        with self._lock:
+            thread = self._abort_thread
+            if thread is None:
+                thread = self._abort_thread = threading.Thread(
+                    target=pg.abort, name=f"hotspare-nccl-abort-gen{self.gen}", daemon=True)
+                thread.start()
+        thread.join(self.abort_deadline_s)
+
+    @property
+    def abort_stuck(self) -> bool:
+        """True when an NCCL abort did not return within ``abort_deadline_s``: the worker
+        should exit and be replaced (a fresh process from a spare) rather than rejoin."""
+        t = self._abort_thread
+        return t is not None and t.is_alive()
+
+    def wait(self, work: dist.Work, timeout_s: float | None = None, poll_s: float = 0.0005) -> None:
+        """Wait for ``work`` on the CPU, the way hotspare supervises a collective: returns when
+        it completed; raises ``PeerFailure`` as soon as the generation is aborted, or, after
+        ``timeout_s`` (default: the group's collective timeout), aborts the generation and
+        raises. For NCCL, where ``work.wait()`` does not block the CPU, this is the wait that
+        sees a hang; for gloo it is the same as ``work.wait()`` bounded by the abort."""
+        limit = self.timeout.total_seconds() if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        while not work.is_completed():
+            if self._aborted.is_set():
+                raise PeerFailure(f"generation {self.gen} aborted during a collective")
+            if time.monotonic() > deadline:
+                self.abort()
+                raise PeerFailure(f"a collective of generation {self.gen} did not complete in "
+                                  f"{limit:.1f} s: the generation is aborted")
+            time.sleep(poll_s)
+        try:
+            work.wait()          # raises the backend's error of a failed work
+        except Exception as e:   # noqa: BLE001 - an aborted or failed collective
+            raise PeerFailure(f"a collective of generation {self.gen} failed: {e}") from e
+
     def destroy(self) -> None:
         self.abort()
-        if dist.is_initialized():
+        if not dist.is_initialized():
+            return
+        if self.backend == "nccl":
+            if self.abort_stuck:
+                return           # calling abort again would hang here too; the process is done
+            # The communicator is aborted already; shutdown() would try a graceful
+            # ncclCommDestroy of it. This drops the aborted group from torch's registry.
+            from torch.distributed.distributed_c10d import _abort_process_group
+            _abort_process_group()
+        else:
             dist.destroy_process_group()

@@ -17,6 +17,16 @@ transfer from a raw broadcast on 2 cores (without it: 0.94), where the wire's co
 keep both cores busy.
 Destinations that sit back to back in one storage (a spare's fresh optimizer state, see
 ``StateRegistry.prepare_receive``) receive a packed bucket in place, with no unpack copy.
+
+Devices. The wire is where the group's backend moves bytes: host memory for gloo, the current
+CUDA device for NCCL. A tensor already on the wire's device goes as above (on NCCL: CUDA
+tensors device to device, no host copy). A tensor elsewhere goes through a staging buffer on
+the wire's device: a CUDA tensor over gloo (a peer that cannot join an NCCL group, or a
+transfer that must not touch a suspect peer's GPU) is copied device to host into a *pinned*
+staging buffer and back on the receiver; a CPU tensor over NCCL (per-rank rows) is copied to
+the device. Staging then holds up to ``STAGED + 1`` buffers of the largest such unit per dtype.
+Both sides plan from the manifest alone, so a source on GPU and a receiver on CPU (a spare whose
+model is not built yet) agree on every unit. With CPU tensors over gloo nothing changes.
 """
 from __future__ import annotations
 
@@ -70,10 +80,20 @@ def plan_buckets(specs: list[tuple[torch.dtype, int]], bucket_bytes: int,
     return buckets
 
 
-def _checksum(t: torch.Tensor) -> int:
-    """Wrapping sum of the 8-byte words counted from the start of ``t`` (alignment-independent)."""
+def wire_device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where ``group``'s backend moves bytes: the current CUDA device for NCCL, else the host."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def checksum(t: torch.Tensor) -> int:
+    """Wrapping sum of the 8-byte words counted from the start of ``t`` (alignment-independent).
+    The same bytes give the same sum on CPU and CUDA: wrapping addition is associative."""
     b = t.reshape(-1).view(torch.uint8)
     n8 = b.numel() // 8 * 8
+    if b.storage_offset() % 8 and b.is_cuda:
+        b = b.clone()                  # a fresh allocation is aligned; numpy cannot read device memory
     if b.storage_offset() % 8 == 0:
         # int64 addition wraps in two's complement; both sides run the same kernel, so the sum
         # is reproducible bit for bit, and at ~40 GB/s it costs far less than the wire.
@@ -84,10 +104,10 @@ def _checksum(t: torch.Tensor) -> int:
     return (words + tail + b.numel()) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def _adjacent(ts: list[torch.Tensor]) -> torch.Tensor | None:
-    """One flat view over ``ts`` if they lie back to back in one storage, else None."""
+def _adjacent(ts: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:
+    """One flat view over ``ts`` if they lie back to back in one storage on ``device``, else None."""
     first = ts[0]
-    if not all(t.is_contiguous() for t in ts):
+    if first.device != device or not all(t.is_contiguous() for t in ts):
         return None
     storage, end = first.untyped_storage().data_ptr(), first.data_ptr()
     for t in ts:
@@ -95,7 +115,8 @@ def _adjacent(ts: list[torch.Tensor]) -> torch.Tensor | None:
             return None
         end += t.numel() * t.element_size()
     total = sum(t.numel() for t in ts)
-    return torch.empty(0, dtype=first.dtype).set_(first.untyped_storage(), first.storage_offset(), (total,))
+    return torch.empty(0, dtype=first.dtype, device=first.device).set_(
+        first.untyped_storage(), first.storage_offset(), (total,))
 
 
 def broadcast_state(tensors: list[torch.Tensor], src: int, group: dist.ProcessGroup | None,
@@ -108,6 +129,9 @@ def broadcast_state(tensors: list[torch.Tensor], src: int, group: dist.ProcessGr
     On the source they are read; elsewhere they are written in place (they must be contiguous
     and have the manifest's dtypes and shapes). Raises ``StateMismatch`` on a checksum error."""
     t0 = time.perf_counter()
+    wire = wire_device(group)
+    # Pinned staging for device tensors over a host wire: the copies are DMA, not pageable bounces.
+    pin = wire.type == "cpu" and any(t.is_cuda for t in tensors)
     plan = plan_buckets([(t.dtype, t.numel()) for t in tensors], bucket_bytes, direct_bytes)
     stats = TransferStats(bytes=sum(t.numel() * t.element_size() for t in tensors), buckets=len(plan))
     crcs: list[int] = []
@@ -125,7 +149,7 @@ def broadcast_state(tensors: list[torch.Tensor], src: int, group: dist.ProcessGr
             work.wait()
         if is_source:
             return
-        crcs.append(_checksum(flat))
+        crcs.append(checksum(flat))
         if flat.data_ptr() != tensors[idx[0]].data_ptr():
             off = 0
             for i in idx:
@@ -142,29 +166,36 @@ def broadcast_state(tensors: list[torch.Tensor], src: int, group: dist.ProcessGr
         k = turn[0] % (STAGED + 1)
         turn[0] += 1
         if len(bufs) <= k:
-            bufs.append(torch.empty(max(numel, bucket_bytes // dtype.itemsize), dtype=dtype))
+            bufs.append(torch.empty(max(numel, bucket_bytes // dtype.itemsize), dtype=dtype,
+                                    device=wire, pin_memory=pin))
         if bufs[k].numel() < numel:
-            bufs[k] = torch.empty(numel, dtype=dtype)
+            bufs[k] = torch.empty(numel, dtype=dtype, device=wire, pin_memory=pin)
         return bufs[k][:numel]
 
     for idx in plan:
-        flat = _adjacent([tensors[i] for i in idx])    # straight from/into their storage
+        flat = _adjacent([tensors[i] for i in idx], wire)    # straight from/into their storage
         staged = flat is None
         if staged:
             while sum(unit[3] for unit in inflight) >= STAGED:
                 finish(*inflight.pop(0))
             flat = staging(tensors[idx[0]].dtype, sum(tensors[i].numel() for i in idx))
-            if is_source:
+            if is_source and all(tensors[i].device == wire for i in idx):
                 torch.cat([tensors[i].reshape(-1) for i in idx], out=flat)
+            elif is_source:                              # across devices: copy piece by piece
+                off = 0
+                for i in idx:
+                    n = tensors[i].numel()
+                    flat[off:off + n].copy_(tensors[i].reshape(-1))
+                    off += n
         inflight.append((post(flat), flat, idx, staged))
         if is_source:
-            crcs.append(_checksum(flat))                # while the bytes are on the wire
+            crcs.append(checksum(flat))                # while the bytes are on the wire
         if len(inflight) >= DEPTH:
             finish(*inflight.pop(0))
     while inflight:
         finish(*inflight.pop(0))
 
-    check = torch.tensor(crcs, dtype=torch.int64)
+    check = torch.tensor(crcs, dtype=torch.int64, device=wire)
     expected = check.clone()
     for work in post(expected):
         work.wait()

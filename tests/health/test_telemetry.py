@@ -371,3 +371,22 @@ def test_poller_survives_a_raising_source_and_a_raising_callback():
 def test_poller_rejects_a_bad_period():
     with pytest.raises(ConfigError, match="period"):
         Poller(SimulatedSource(1), lambda rs: None, period_s=0)
+
+
+class FakeOldNvmlDriver(FakeNvmlDriver):
+    """A driver before r535: no nvmlDeviceGetCurrentClocksEventReasons, only the old name."""
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        self._err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        self._idx(h)
+        return 0x20 | 0x40              # SW thermal + HW thermal slowdown
+
+
+def test_nvml_clock_event_reasons_fall_back_to_the_throttle_name_on_old_drivers():
+    src = NvmlSource(node="g1", lib=FakeOldNvmlDriver())
+    m = by_device(src.poll())
+    assert m["g1/gpu0"][T.CLOCK_EVENT_REASONS] == 0x60 and DEVICE_ERROR not in m["g1/gpu0"]
+    assert m["g1/gpu2"] == {DEVICE_ERROR: "temperature: GPU is lost"}
+    src.close()

@@ -6,7 +6,8 @@ section 1.4 of ``shared/reference/health-signals.md``)::
     temp_c                  nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)
     mem_temp_c              field NVML_FI_DEV_MEMORY_TEMP (82)
     thermal_margin_c        nvmlDeviceGetMarginTemperature(h)
-    clock_event_reasons     nvmlDeviceGetCurrentClocksEventReasons(h)   (bitmask)
+    clock_event_reasons     nvmlDeviceGetCurrentClocksEventReasons(h)   (bitmask; before r535:
+                            ...ClocksThrottleReasons, the same bits)
     power_w                 nvmlDeviceGetPowerUsage(h) / 1000
     ecc_{sbe,dbe}_volatile  nvmlDeviceGetTotalEccErrors(h, CORRECTED|UNCORRECTED, VOLATILE)
     remap_{pending,failed}  nvmlDeviceGetRemappedRows(h)[2], [3]
@@ -136,8 +137,7 @@ def read_device(lib, nv, h) -> tuple[dict[str, Any], list[str]]:
                      convert=float),
         lambda: read(T.THERMAL_MARGIN_C, "margin temperature", lib.nvmlDeviceGetMarginTemperature, h,
                      convert=float),
-        lambda: read(T.CLOCK_EVENT_REASONS, "clock event reasons",
-                     lib.nvmlDeviceGetCurrentClocksEventReasons, h, convert=int),
+        lambda: _clock_event_reasons(lib, nv, h, errors, metrics),
         lambda: read(T.POWER_W, "power", lib.nvmlDeviceGetPowerUsage, h, convert=lambda mw: mw / 1000.0),
         lambda: read(T.ECC_SBE_VOLATILE, "ecc corrected", lib.nvmlDeviceGetTotalEccErrors, h,
                      nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC, convert=int),
@@ -164,6 +164,22 @@ def _try(fn, *args):
         fn(*args)
     except _Skip:
         pass
+
+
+def _clock_event_reasons(lib, nv, h, errors, metrics):
+    """The clock-event (formerly "throttle") reasons bitmask. Drivers before r535 lack
+    ``nvmlDeviceGetCurrentClocksEventReasons``; they answer the same bitmask under its old name."""
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        fn = getattr(lib, name, None)
+        if fn is None:
+            continue
+        recorded = len(errors)
+        try:
+            metrics[T.CLOCK_EVENT_REASONS] = int(_guard(nv, errors, "clock event reasons", fn, h))
+            return
+        except _Skip:
+            if len(errors) > recorded:
+                return           # a real error, recorded: the old name would not do better
 
 
 def _remapped_rows(lib, nv, h, errors, metrics):
