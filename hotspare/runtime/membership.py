@@ -64,9 +64,16 @@ class Membership:
             raise PeerFailure(f"generation {self.generation} was aborted")
 
     def teardown(self) -> None:
-        if self.group is not None:
-            self.group.destroy()
-            self.group = None
+        group, self.group = self.group, None
+        if group is None:
+            return
+        group.destroy()
+        if group.abort_stuck:
+            # An NCCL communicator that would not abort holds this process's GPU: it cannot
+            # join another generation. Exit, so the coordinator replaces it with a spare.
+            print(f"hotspare: rank {self.rank}: the NCCL abort of generation {group.gen} did not return; "
+                  "this worker exits to be replaced", file=sys.stderr, flush=True)
+            os._exit(1)
 
     def _group(self, gen: int, rank: int, world: int, prefix: str, join_timeout: float) -> GenerationGroup:
         self.teardown()

@@ -273,25 +273,24 @@ class RowTable:
         if self._inflight is not None and self._inflight[0] == step:
             return
         own = self.state.capture()
-        rows = torch.empty(world * own.numel(), dtype=torch.uint8)
-        self._inflight = (step, group.all_gather(rows, own), rows, own)
+        wire, rows = _on_wire(group, own, world)
+        self._inflight = (step, group.all_gather(rows, wire), rows, own)
 
     def finish(self) -> None:
         if self._inflight is None:
             return
         step, work, rows, _ = self._inflight
         work.wait()
-        self.keep(step, rows)
+        self.keep(step, rows.cpu())
 
     def settle(self, group: Any, world: int, step: int) -> None:
         inflight, self._inflight = self._inflight, None
         if inflight is not None and inflight[0] == step and self.rows_for(step) is not None \
                 and torch.equal(self.state.capture(), inflight[3]):
             return
-        own = self.state.capture()
-        rows = torch.empty(world * own.numel(), dtype=torch.uint8)
-        group.all_gather(rows, own).wait()
-        self.keep(step, rows)
+        wire, rows = _on_wire(group, self.state.capture(), world)
+        group.all_gather(rows, wire).wait()
+        self.keep(step, rows.cpu())
 
     def drop_inflight(self) -> None:
         self._inflight = None
@@ -301,3 +300,12 @@ class RowTable:
 
     def rows_for(self, step: int) -> torch.Tensor | None:
         return next((r for s, r in self._kept if s == step), None)
+
+
+def _on_wire(group: Any, own: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's row and the gather's output, on the device the group's collectives need
+    (an NCCL generation's ``device``; the host for gloo)."""
+    device = getattr(group, "device", None)
+    if device is not None and device.type != "cpu":
+        own = own.to(device)
+    return own, torch.empty(world * own.numel(), dtype=torch.uint8, device=own.device)
