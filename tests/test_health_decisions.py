@@ -3,7 +3,7 @@ what the pure policy does with a verdict (migrate, fail over, defer, report, sto
 import pytest
 import torch
 
-from hotspare.agent.inject import parse
+from hotspare.testing.faults.grammar import parse
 from hotspare.errors import ConfigError
 from hotspare.policy.decide import (Cordon, FailureCause, FormGeneration, HealthVerdict, Pause, Paused, Stop,
                                     StepFailed, WorkerExited, decide)

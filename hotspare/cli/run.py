@@ -72,7 +72,7 @@ def node_slots() -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from hotspare.agent.inject import GRAMMAR
+    from hotspare.testing.faults.grammar import GRAMMAR
     p = sub.add_parser("run", help="launch a fault-tolerant training job (torchrun-style)",
                        description=DESCRIPTION, epilog=EPILOG.format(grammar=GRAMMAR),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,6 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="warm spare processes kept ready to take over a lost rank (default: 1)")
     p.add_argument("--inject", action="append", default=[], metavar="SPEC",
                    help="inject a real fault, e.g. kill:rank=2:step=60 (repeatable; grammar below)")
+    p.add_argument("--allow-inject", action="store_true",
+                   help="load the fault-injection plug-in (tests, drills) so that `hotspare inject` may arm "
+                        "faults in this running job; implied by --inject. Without it the job refuses them")
     p.add_argument("--report", metavar="FILE", help="write a JSON report of the run here")
     p.add_argument("--log-every", type=int, default=0, metavar="K",
                    help="print a progress line every K steps (default: about 20 lines per run)")
@@ -170,7 +173,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _validate(args: argparse.Namespace) -> list:
-    from hotspare.agent.inject import parse
+    from hotspare.testing.faults.grammar import parse
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1 (got {args.nproc}): it is the number of training ranks")
     if args.spares < 0:
@@ -333,16 +336,22 @@ def run(args: argparse.Namespace) -> int:
     view = ClusterView(world_size=args.nproc, target_spares=args.spares,
                        resume=getattr(args, "resume_path", None), replacements_left=args.max_replacements,
                        capacity_wait=args.capacity_wait)
+    # Fault injection is a testing plug-in, loaded only when asked for (hotspare.testing.faults).
+    injecting = bool(faults) or args.allow_inject
+    plugins = []
+    if injecting:
+        from hotspare.testing.faults import CoordinatorFaults
+        plugins.append(CoordinatorFaults(faults))
     coord = Coordinator(Nodes(usable=health.usable if health else (lambda d: True)), events, view, ledger,
                         log=log, log_every=args.log_every or 0,
                         hang_floor=args.hang_floor, hang_factor=args.hang_factor,
                         join_timeout=args.join_timeout,
-                        checkpoint_dir=checkpoint_dir, health=health, faults=faults,
+                        checkpoint_dir=checkpoint_dir, health=health, plugins=plugins,
                         checkpoint_key=args.key)
     # This host's node agents talk to the coordinator over TCP, as remote agents would.
     endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
     agents = _agents(args, env, endpoint.address, secret, health.devices if health else None,
-                     _device_fault(source, log) if source is not None else None)
+                     _device_fault(source, log) if source is not None else None, injecting)
     log(f"job: {args.nproc} rank(s) + {args.spares} warm spare(s): {' '.join([args.script, *args.script_args])}")
     for note in args.checkpoint_fallbacks:
         log(f"CHECKPOINT refused {note['refused']}: {note['reason']}")
@@ -354,7 +363,8 @@ def run(args: argparse.Namespace) -> int:
         "interpreters)" if forked else "spawn: each worker and spare starts as a fresh interpreter")
     from hotspare.coordinator.control import ControlServer
     control = ControlServer(events, secret, describe={"script": args.script, "nproc": args.nproc})
-    log(f"control: {control.address} (hotspare inject SPEC sends a fault to this job)")
+    log(f"control: {control.address}" + (" (hotspare inject SPEC sends a fault to this job)" if injecting
+                                          else " (faults refused: no --allow-inject)"))
     try:
         coord.start(nodes=len(agents))
     except ConfigError as e:
@@ -412,6 +422,8 @@ class _StopSignals:
 
     def __init__(self, events: "queue.Queue", graceful: bool):
         self.events, self.graceful, self.seen = events, graceful, False
+        from hotspare.coordinator.events import Preempt
+        self._preempt = Preempt       # imported here, never inside the signal handler
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 
@@ -419,7 +431,7 @@ class _StopSignals:
         name, code = signal.Signals(signum).name, 128 + signum
         if self.graceful and not self.seen:
             self.seen = True
-            self.events.put(("preempt", "", {"signal": name, "code": code}, time.time()))
+            self.events.put(self._preempt(name, code, time.time()))
             return
         raise _Interrupted(name, code)
 
@@ -430,9 +442,10 @@ class _StopSignals:
 
 
 def _agents(args, env: dict[str, str], coordinator: str, secret: bytes, devices: list[str] | None,
-            device_fault) -> list:
+            device_fault, injecting: bool) -> list:
     """The node agents of this host: one, or ``--local-nodes`` K, each with a contiguous share
-    of the device slots."""
+    of the device slots; with the fault plug-in when ``injecting`` (``device_fault``: how it
+    drives the simulated telemetry)."""
     import socket
 
     from hotspare.agent import NodeAgent
@@ -447,9 +460,13 @@ def _agents(args, env: dict[str, str], coordinator: str, secret: bytes, devices:
             node_env.update(GROUP_RANK=str(i), GROUP_WORLD_SIZE=str(k))
             if share:
                 node_env["LOCAL_WORLD_SIZE"] = str(len(share))
+        faults = None
+        if injecting:
+            from hotspare.testing.faults import AgentFaults
+            faults = AgentFaults(device_fault)
         agents.append(NodeAgent(cmd, node_env, coordinator=coordinator, secret=secret,
                                 node=host if k == 1 else f"{host}-{i}",
-                                devices=share, device_fault=device_fault, spawn=args.spawn))
+                                devices=share, spawn=args.spawn, faults=faults))
     return agents
 
 
@@ -494,7 +511,8 @@ def _health_service(args, events: "queue.Queue", log):
     monitor = HealthMonitor(rules, registry, devices, log=log, diagnose=diagnose, reset=reset)
     if args.admission != "off":
         _admit(args.admission, devices, registry, log)
-    poller = Poller(source, lambda readings: events.put(("readings", "", readings, time.time())),
+    from hotspare.coordinator.events import Readings
+    poller = Poller(source, lambda readings: events.put(Readings(readings, time.time())),
                     period_s=args.telemetry_period)
     log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db} "
         f"(hotspare health --db {db})")
