@@ -1,4 +1,6 @@
 """The coordinator's decisions, scripted without processes: signal in, actions and reason out."""
+import copy
+
 from hotspare.policy.decide import (AbortGeneration, Checkpointed, CheckpointNow, ClusterView,
                                     Crashed, Done, Fence, FormGeneration, Release, StartSpares,
                                     StepFailed, Stop, Tick, WorkerExited, WorkerReady, apply,
@@ -9,8 +11,12 @@ from hotspare.policy.recovery import plan_recovery
 
 
 def feed(view, sig):
+    """Signal in, as the coordinator does it: observe, decide (which reads the view only:
+    checked on every signal of every scripted test), apply."""
     observe(view, sig)
+    before = copy.deepcopy(view)
     d = decide(view, sig, 0.0)
+    assert view == before, f"decide changed the view on {sig}"
     for a in d.actions:
         apply(view, a)
     return d
@@ -193,3 +199,15 @@ def test_a_survivor_that_never_received_the_state_is_not_a_copy():
     assert p.path == "checkpoint" and p.target_step == 200
     p = plan_recovery({1}, {0: 262, 2: 263, 3: -1}, warm_spares=1, job_step=263)
     assert (p.path, p.source, p.receivers) == ("memory", 2, (0, 1, 3))   # one step behind still counts
+
+
+def test_decide_is_pure_the_same_view_and_signal_give_the_same_decision_and_leave_the_view_alone():
+    from hotspare.policy.decide import HealthVerdict
+    v = running_view()
+    verdict = HealthVerdict("host/cpu1", 1, "failover", "NaN", False, "nonfinite", step=12, worker="w1")
+    observe(v, verdict)
+    assert v.health_failures == {(1, 12): ["w1"]}       # observe records the fact, once
+    frozen = copy.deepcopy(v)
+    first, again = decide(v, verdict), decide(v, verdict)
+    assert first == again and v == frozen              # decide, twice: no trace in the view
+    assert isinstance(first.actions[0], Fence)
