@@ -205,3 +205,18 @@ def test_a_stopped_job_is_never_released_afterwards():
     policy.apply(v, policy.Stop(1, "bug"))
     with pytest.raises(PhaseError, match="stopped -> finished"):
         policy.apply(v, policy.Release("done"))
+
+
+def test_the_production_path_imports_no_fault_injection_and_the_policy_no_torch():
+    """Coordinator and node agent run without the testing plug-in; the policy (shared with the
+    simulator) imports neither torch nor sockets."""
+    import subprocess
+    import sys
+    probe = ("import sys, hotspare.coordinator, hotspare.coordinator.control, hotspare.agent\n"
+             "print(sorted(m for m in sys.modules if m.startswith('hotspare.testing')))\n"
+             "for m in [m for m in sys.modules if m.startswith('hotspare')]: sys.modules.pop(m)\n"
+             "sys.modules.pop('socket', None)\n"
+             "import hotspare.policy.decide, hotspare.policy.phase\n"
+             "print('torch' in sys.modules, 'socket' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["[]", "False False"], out

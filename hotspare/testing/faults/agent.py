@@ -15,9 +15,10 @@ from typing import Callable
 
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import Message, make
+from hotspare.protocol.workerenv import WorkerEnv
 from hotspare.testing.faults.grammar import PROCESS_FAULTS, Fault, parse
 
-ENV = {"HOTSPARE_FAULTS": "1"}     # the worker side loads its plug-in (WorkerEnv.faults)
+ENV = {WorkerEnv.variables()["faults"]: "1"}     # the worker side loads its plug-in (WorkerEnv.faults)
 
 
 class Injector:
