@@ -5,9 +5,10 @@ It owns the processes (so it sees an exit the moment it happens; they fork from 
 its workers (JSON lines over TCP, see ``hotspare.protocol``). It talks to the coordinator over
 one more such connection, which it opens itself: what it sees (a worker started, exited, said
 something) goes up as a message; the coordinator's decisions come down as commands (``spawn``,
-``kill``, ``deliver``, ``shutdown``). Fault injection is a plug-in
-(``hotspare.testing.faults.AgentFaults``, given as ``faults``), which adds its commands (``arm``,
-``disarm``) and sees each worker message before it is relayed; without it none of its code runs. A command the agent cannot carry out is answered with ``refused``; the job goes on.
+``kill``, ``deliver``, ``shutdown``). A command the agent cannot carry out is answered with
+``refused``; the job goes on. Fault injection is a plug-in (``hotspare.testing.faults.AgentFaults``,
+given as ``faults``), which adds its commands (``arm``, ``disarm``) and sees each worker message
+before it is relayed; without it none of its code runs.
 In ``hotspare run`` the agent lives in the launcher beside the coordinator, over loopback, by the
 same code path a remote agent would take.
 
