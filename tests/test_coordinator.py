@@ -110,7 +110,7 @@ def test_every_worker_message_type_has_one_translation():
     from hotspare.protocol.messages import FROM_WORKER
     coord = Coordinator(Nodes(), queue.Queue(), policy.ClusterView(world_size=1, target_spares=0), Ledger({}),
                         log=lambda line: None)
-    assert set(coord.messages._table) == set(FROM_WORKER)   # noqa: SLF001 -- the table is the subject here
+    assert coord.messages.types() == FROM_WORKER
     with pytest.raises(ProtocolError, match="unexpected 'probe'"):
         coord.messages.translate("w0", make("probe", gen=1), 0.0)
 

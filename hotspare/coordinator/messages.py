@@ -36,6 +36,10 @@ class WorkerMessages:
             "step": _no_signal, "joining": _no_signal, "transfer": _no_signal,
         }
 
+    def types(self) -> frozenset[str]:
+        """The message types this table reads."""
+        return frozenset(self._table)
+
     def translate(self, worker: str, msg: Message, t: float) -> policy.Signal | None:
         """The signal ``msg`` from ``worker`` stands for; ProtocolError (or a KeyError, TypeError,
         ValueError: well-formed by the schema yet unusable) when it is not a worker's to send."""
