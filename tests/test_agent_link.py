@@ -206,7 +206,8 @@ def test_faults_go_to_every_node_and_fire_once(link):
     the one whose worker holds the rank, at the trigger, which waits for the agent's go."""
     events, _, nodes, connect = link
     fa, fb = AgentFaults(), AgentFaults()
-    a, b = connect("a", devices=["a/cpu0"], faults=fa), connect("b", devices=["b/cpu0"], faults=fb)
+    a = connect("a", devices=["a/cpu0"], faults=fa)
+    connect("b", devices=["b/cpu0"], faults=fb)
     arming = Arming(nodes)
     ident = arming.arm("kill:rank=1:step=5", running=False)    # before the nodes connect
     for _ in range(2):

@@ -54,7 +54,6 @@ class Coordinator:
                  preempt_timeout: float = PREEMPT_TIMEOUT_S, plugins=()):
         self.nodes, self.events, self.view, self.ledger = nodes, events, view, ledger
         self.log = log
-        self.log_every = log_every
         self.hang_floor, self.hang_factor, self.join_timeout = hang_floor, hang_factor, join_timeout
         self.checkpoint_dir = checkpoint_dir
         self.preempt_timeout = preempt_timeout
