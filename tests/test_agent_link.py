@@ -16,23 +16,26 @@ from pathlib import Path
 import pytest
 
 from hotspare.agent import NodeAgent
+from hotspare.coordinator import events as ev
 from hotspare.coordinator.nodes import NodeEndpoint, Nodes
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
+from hotspare.testing.faults import AgentFaults, Arming
 
 WORKER = [sys.executable, str(Path(__file__).parent / "scripts" / "echo_worker.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"}
 
 
-def next_event(events, kinds, timeout=20.0, skipped=None):
-    """The next event of one of ``kinds``; the others are dropped (or appended to ``skipped``)."""
+def next_event(events, types, timeout=20.0, skipped=None):
+    """The next event of one of ``types`` (``coordinator.events``); the others are dropped (or
+    appended to ``skipped``)."""
     deadline = time.time() + timeout
     while True:
-        kind, who, payload, t = events.get(timeout=max(0.01, deadline - time.time()))
-        if kind in kinds:
-            return kind, who, payload, t
+        event = events.get(timeout=max(0.01, deadline - time.time()))
+        if isinstance(event, tuple(types)):
+            return event
         if skipped is not None:
-            skipped.append((kind, who, payload))
+            skipped.append(event)
 
 
 SECRET = b"s" * 32
@@ -45,9 +48,9 @@ def _linked(spawn):
     endpoint = NodeEndpoint(events, SECRET, owner=nodes.owner)
     agents = []
 
-    def connect(node, devices=None, device_fault=None):
+    def connect(node, devices=None, faults=None):
         agent = NodeAgent(WORKER, ENV, coordinator=endpoint.address, secret=SECRET, node=node, devices=devices,
-                          device_fault=device_fault, spawn=spawn)
+                          spawn=spawn, faults=faults)
         assert (agent.zygote is not None) == (spawn == "fork")
         agents.append(agent)
         return agent
@@ -74,9 +77,9 @@ def fork_link():
 
 
 def join(events, nodes, name):
-    kind, who, (hello, channel), _ = next_event(events, {"node"})
-    assert who == name and hello["type"] == "agent_hello"
-    return nodes.add(hello, channel)
+    e = next_event(events, {ev.NodeConnected})
+    assert e.node == name and e.hello["type"] == "agent_hello"
+    return nodes.add(e.hello, e.channel)
 
 
 def test_spawn_relay_deliver_kill(link):
@@ -87,21 +90,21 @@ def test_spawn_relay_deliver_kill(link):
 
     w = nodes.spawn("active", rank=0)
     assert nodes.workers[w].device == "n0/cpu0" and nodes.free_devices() == ["n0/cpu1"]
-    kind, who, payload, _ = next_event(events, {"started"})
-    nodes.observe(kind, who, payload)
-    assert who == w and nodes.workers[w].pid > 0
-    kind, who, msg, _ = next_event(events, {"msg"})
-    assert (who, msg["type"], msg["device"]) == (w, "ready", "n0/cpu0")
-    assert msg["env"] == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "HOTSPARE_DEVICE": "n0/cpu0"}
+    e = next_event(events, {ev.WorkerStarted})
+    nodes.observe(e)
+    assert e.worker == w and nodes.workers[w].pid > 0
+    e = next_event(events, {ev.WorkerSaid})
+    assert (e.worker, e.type, e.msg["device"]) == (w, "ready", "n0/cpu0")
+    assert e.msg["env"] == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "HOTSPARE_DEVICE": "n0/cpu0"}
 
     assert nodes.send(w, make("probe", gen=3))            # down to the worker, and its answer up
-    _, who, msg, _ = next_event(events, {"msg"})
-    assert (who, msg["type"], msg["gen"], msg["step"]) == (w, "reducing", 3, 7)
+    e = next_event(events, {ev.WorkerSaid})
+    assert (e.worker, e.type, e.msg["gen"], e.msg["step"]) == (w, "reducing", 3, 7)
 
     nodes.kill(w, signal.SIGKILL)
-    kind, who, payload, _ = next_event(events, {"exit"})
-    nodes.observe(kind, who, payload)
-    assert who == w and payload["code"] == -signal.SIGKILL
+    e = next_event(events, {ev.WorkerExited})
+    nodes.observe(e)
+    assert e.worker == w and e.code == -signal.SIGKILL
     assert nodes.alive() == [] and nodes.free_devices() == ["n0/cpu0", "n0/cpu1"]
 
 
@@ -112,21 +115,21 @@ def test_a_stopped_then_continued_worker_is_reported_as_the_kernel_says_it(link)
     connect("n0", devices=["n0/cpu0"])
     join(events, nodes, "n0")
     w = nodes.spawn("active", rank=0)
-    assert next_event(events, {"msg"})[2]["type"] == "ready"
+    assert next_event(events, {ev.WorkerSaid}).type == "ready"
     for sig, stopped in ((signal.SIGSTOP, True), (signal.SIGCONT, False), (signal.SIGSTOP, True)):
         t0 = nodes.kill(w, sig)
-        kind, who, payload, t = next_event(events, {"stopped"})
-        nodes.observe(kind, who, payload)
-        assert who == w and payload["stopped"] is stopped and nodes.workers[w].stopped is stopped
+        e = next_event(events, {ev.WorkerStopped})
+        nodes.observe(e)
+        assert e.worker == w and e.stopped is stopped and nodes.workers[w].stopped is stopped
         assert time.time() - t0 < 2.0
     nodes.kill(w, signal.SIGKILL)                       # a stopped process dies of SIGKILL too
-    _, who, payload, _ = next_event(events, {"exit"})
-    assert (who, payload["code"]) == (w, -signal.SIGKILL)
+    e = next_event(events, {ev.WorkerExited})
+    assert (e.worker, e.code) == (w, -signal.SIGKILL)
 
 
 def test_agent_refuses_bad_commands_and_goes_on(link):
     events, _, nodes, connect = link
-    connect("n0", devices=["n0/cpu0"])
+    connect("n0", devices=["n0/cpu0"], faults=AgentFaults())     # the fault plug-in: "arm" is a command
     node = join(events, nodes, "n0")
     bad = [make("spawn", worker="x1", role="spare", rank=None, device="n9/cpu7"),   # not its device
            make("kill", worker="nobody", signal=9, group=True),
@@ -137,20 +140,20 @@ def test_agent_refuses_bad_commands_and_goes_on(link):
     for msg in bad:
         node.channel.send(msg)
     node.channel.sock.sendall(b'{"v": 1, "type": "spawn"}\nnot json\n')
-    said = [next_event(events, {"refused"})[2] for _ in range(len(bad) + 2)]
-    assert [m["command"] for m in said] == ["spawn", "kill", "kill", "deliver", "arm", "probe", "?", "?"]
-    text = " | ".join(m["message"] for m in said)
+    said = [next_event(events, {ev.AgentRefused}) for _ in range(len(bad) + 2)]
+    assert [e.command for e in said] == ["spawn", "kill", "kill", "deliver", "arm", "probe", "?", "?"]
+    text = " | ".join(e.message for e in said)
     for what in ("'n9/cpu7' is not one of node n0's", "no worker nobody", "12345 is not a valid Signals",
                  "lacks field 'gen'",
                  "must be an integer", "not a command for a node agent", "lacks field 'worker'",
                  "not valid JSON"):
         assert what in text, text
     w = nodes.spawn("spare")                                 # the link still works
-    _, who, msg, _ = next_event(events, {"msg"})
-    assert (who, msg["type"]) == (w, "ready")
+    e = next_event(events, {ev.WorkerSaid})
+    assert (e.worker, e.type) == (w, "ready")
     nodes.send(w, make("release", reason="test over"))
-    kind, who, payload, _ = next_event(events, {"exit"})
-    assert (who, payload["code"]) == (w, 0)
+    e = next_event(events, {ev.WorkerExited})
+    assert (e.worker, e.code) == (w, 0)
 
 
 def test_endpoint_refuses_strangers_and_bad_lines(link):
@@ -175,8 +178,8 @@ def test_endpoint_refuses_strangers_and_bad_lines(link):
         {"v": 1, "type": "relay", "worker": "w9", "t": 1.0, "msg": {"v": 1, "type": "nope"}}).encode() + b"\n")
     agent.uplink.send(make("spawn", worker="w9", role="spare", rank=None, device=None))   # wrong way
     w = nodes.spawn("spare")                 # the link survives all three: the next event is real
-    kind, who, _, _ = next_event(events, {"started", "msg", "refused"})
-    assert (kind, who) == ("started", w)
+    e = next_event(events, {ev.WorkerStarted, ev.WorkerSaid, ev.AgentRefused})
+    assert (type(e), e.worker) == (ev.WorkerStarted, w)
     assert node.name == "n0" and not node.lost
 
 
@@ -185,8 +188,7 @@ def test_a_lost_link_loses_its_workers_and_the_agent_ends_them(link):
     agent = connect("n0")
     node = join(events, nodes, "n0")
     w = nodes.spawn("spare")
-    kind, who, payload, _ = next_event(events, {"started"})
-    nodes.observe(kind, who, payload)
+    nodes.observe(next_event(events, {ev.WorkerStarted}))
     pid = nodes.workers[w].pid
     node.channel.close()                     # the coordinator goes away: the agent ends its workers
     deadline = time.time() + 20
@@ -195,42 +197,65 @@ def test_a_lost_link_loses_its_workers_and_the_agent_ends_them(link):
     assert agent.alive() == []
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-    assert next_event(events, {"node_lost"})[1] == "n0"
+    assert next_event(events, {ev.NodeLost}).node == "n0"
     assert nodes.lose("n0") == [w] and nodes.spawn("spare") is None   # nothing left to place on
 
 
 def test_faults_go_to_every_node_and_fire_once(link):
+    """The fault plug-in on both sides (hotspare.testing.faults): armed on every node, fired by
+    the one whose worker holds the rank, at the trigger, which waits for the agent's go."""
     events, _, nodes, connect = link
-    a, b = connect("a", devices=["a/cpu0"]), connect("b", devices=["b/cpu0"])
-    ident = nodes.arm("kill:rank=1:step=5", running=False)     # before the nodes connect
+    fa, fb = AgentFaults(), AgentFaults()
+    a = connect("a", devices=["a/cpu0"], faults=fa)
+    connect("b", devices=["b/cpu0"], faults=fb)
+    arming = Arming(nodes)
+    ident = arming.arm("kill:rank=1:step=5", running=False)    # before the nodes connect
     for _ in range(2):
-        kind, who, (hello, channel), _ = next_event(events, {"node"})
-        nodes.add(hello, channel)                              # each gets the fault as it joins
+        e = next_event(events, {ev.NodeConnected})
+        nodes.add(e.hello, e.channel)
+        arming.node_joined(e.node)                             # each gets the fault as it joins
     w0, w1 = nodes.spawn("active", rank=0), nodes.spawn("active", rank=1)
     assert (nodes.workers[w0].node, nodes.workers[w1].node) == ("a", "b")
     # Both workers are watched and say step 5 begins; only rank 1 (on b) matches.
     skipped = []
-    kind, who, msg, t = next_event(events, {"injected"}, skipped=skipped)
-    assert (who, msg["fault"], msg["id"]) == (w1, "kill:rank=1:step=5", ident)
-    assert a.injector.pending() and not b.injector.pending()
+    e = next_event(events, {ev.FaultInjected}, skipped=skipped)
+    assert (e.worker, e.fault, e.ident) == (w1, "kill:rank=1:step=5", ident)
+    assert fa.injector.pending() and not fb.injector.pending()
+    assert a.base_env["HOTSPARE_FAULTS"] == "1"                 # the worker side loads its plug-in
+
+    def said(who, step):
+        return any(isinstance(x, ev.WorkerSaid) and (x.worker, x.msg.get("step")) == (who, step) for x in skipped)
     # a still watches (its copy is armed) until rank 0 has said step 5 begins
-    while ("msg", w0, 5) not in [(k, w, m.get("step")) for k, w, m in skipped if k == "msg"]:
-        skipped.append(next_event(events, {"msg"}, skipped=skipped)[:3])
-    nodes.fired(ident, who)                                    # a drops its copy
-    exits = [(w, p) for k, w, p in skipped if k == "exit"]
-    who, payload = exits[0] if exits else next_event(events, {"exit"}, skipped=skipped)[1:3]
-    assert (who, payload["code"]) == (w1, -signal.SIGKILL)     # a real SIGKILL
+    while not said(w0, 5):
+        skipped.append(next_event(events, {ev.WorkerSaid}, skipped=skipped))
+    arming.fired(ident, e.worker)                              # a drops its copy
+    exits = [x for x in skipped if isinstance(x, ev.WorkerExited)]
+    gone = exits[0] if exits else next_event(events, {ev.WorkerExited}, skipped=skipped)
+    assert (gone.worker, gone.code) == (w1, -signal.SIGKILL)    # a real SIGKILL
     deadline = time.time() + 10
-    while a.injector.pending() and time.time() < deadline:
+    while fa.injector.pending() and time.time() < deadline:
         time.sleep(0.02)
-    assert not a.injector.pending() and ident not in nodes.armed
+    assert not fa.injector.pending() and ident not in arming.armed
     assert w0 in a.alive()
     # The trigger waited for the agent: rank 0 went on to step 6 once told to; rank 1 died at 5.
-    seen = [(who, msg.get("step")) for kind, who, msg in skipped if kind == "msg"]
-    while (w0, 6) not in seen:
-        _, who, msg, _ = next_event(events, {"msg"})
-        seen.append((who, msg.get("step")))
-    assert (w1, 5) in seen and (w1, 6) not in seen
+    while not said(w0, 6):
+        skipped.append(next_event(events, {ev.WorkerSaid}))
+    assert said(w1, 5) and not said(w1, 6)
+
+
+def test_without_the_fault_plug_in_an_agent_refuses_arm_and_tells_workers_nothing(link):
+    events, _, nodes, connect = link
+    agent = connect("n0", devices=["n0/cpu0"])
+    node = join(events, nodes, "n0")
+    assert not node.device_faults and agent.faults is None and "HOTSPARE_FAULTS" not in agent.base_env
+    node.channel.send(make("arm", id=0, spec="kill:rank=0:step=1", running=False))
+    e = next_event(events, {ev.AgentRefused})
+    assert (e.command, e.message) == ("arm", "'arm' is not a command for a node agent")
+    w = nodes.spawn("active", rank=0)
+    assert next_event(events, {ev.WorkerSaid}).type == "ready"
+    nodes.send(w, make("probe", gen=1))        # the next thing it says answers this: no step was watched
+    e = next_event(events, {ev.WorkerSaid})
+    assert e.type == "reducing"
 
 
 def test_coordinator_counts_a_lost_nodes_ranks_as_failed_and_replaces_them(link):
@@ -299,16 +324,15 @@ def test_a_lost_zygote_leaves_the_agent_starting_fresh_interpreters(fork_link):
     agent = connect("n0", devices=["n0/cpu0", "n0/cpu1"])
     join(events, nodes, "n0")
     first = nodes.spawn("spare")
-    _, who, msg, _ = next_event(events, {"msg"})
-    assert (who, msg["type"]) == (first, "ready")
+    e = next_event(events, {ev.WorkerSaid})
+    assert (e.worker, e.type) == (first, "ready")
     agent.zygote._proc.kill()                   # the zygote dies; the job must not notice
     second = nodes.spawn("spare")
-    _, who, msg, _ = next_event(events, {"msg"})
-    assert (who, msg["type"]) == (second, "ready") and agent.zygote is None
+    e = next_event(events, {ev.WorkerSaid})
+    assert (e.worker, e.type) == (second, "ready") and agent.zygote is None
     for w in (first, second):                   # both are the agent's, whichever way they started
         nodes.kill(w, signal.SIGKILL)
-        _, who, payload, _ = next_event(events, {"exit"})
-        assert payload["code"] == -signal.SIGKILL
+        assert next_event(events, {ev.WorkerExited}).code == -signal.SIGKILL
 
 
 def test_an_unknown_spawn_method_is_refused_before_anything_starts():

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hotspare.agent import NodeAgent
+from hotspare.coordinator import events as ev
 from hotspare.coordinator.control import ControlServer, send, token_for
 from hotspare.coordinator.nodes import NodeEndpoint, Nodes
 from hotspare.coordinator.trust import check_claims
@@ -33,14 +34,14 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"}
 LINE = {"v": 1}
 
 
-def next_event(events, kinds, timeout=20.0):
-    """The next event of one of ``kinds`` and every other event seen before it."""
+def next_event(events, types, timeout=20.0):
+    """The next event of one of ``types`` (``coordinator.events``) and every other event seen before it."""
     deadline, before = time.time() + timeout, []
     while True:
-        kind, who, payload, t = events.get(timeout=max(0.01, deadline - time.time()))
-        if kind in kinds:
-            return (kind, who, payload, t), before
-        before.append((kind, who, payload))
+        event = events.get(timeout=max(0.01, deadline - time.time()))
+        if isinstance(event, tuple(types)):
+            return event, before
+        before.append(event)
 
 
 def raw(address: str) -> tuple[socket.socket, "object"]:
@@ -68,8 +69,8 @@ def cluster():
     def connect(name):
         agents.append(NodeAgent(WORKER, ENV, coordinator=endpoint.address, secret=SECRET, node=name,
                                 devices=[f"{name}/cpu0"], spawn="exec"))
-        (_, who, (hello, channel), _), _ = next_event(events, {"node"})
-        return agents[-1], nodes.add(hello, channel)
+        e, _ = next_event(events, {ev.NodeConnected})
+        return agents[-1], nodes.add(e.hello, e.channel)
 
     try:
         yield events, endpoint, nodes, connect
@@ -84,8 +85,8 @@ def marker(events, agent, text):
     judged by then (one link, in order). The events that came before it."""
     agent.uplink.send(make("refused", command="marker", message=text))
     while True:
-        (kind, who, payload, _), before = next_event(events, {"refused"})
-        if payload["message"] == text:
+        e, before = next_event(events, {ev.AgentRefused})
+        if e.message == text:
             return before
 
 
@@ -96,8 +97,8 @@ def test_a_forged_node_is_refused_and_a_real_one_speaks_only_for_its_own_workers
         b, _ = connect("b")
         w = nodes.spawn("active", rank=0)
         assert nodes.workers[w].node == "a"
-        (_, who, msg, _), _ = next_event(events, {"msg"})
-        assert (who, msg["type"]) == (w, "ready")
+        e, _ = next_event(events, {ev.WorkerSaid})
+        assert (e.worker, e.type) == (w, "ready")
 
         sock, lines = raw(endpoint.address)                  # no secret: a fake node
         send_line(sock, {**LINE, "type": "agent_hello", "node": "evil", "pid": 1, "devices": ["evil/cpu0"],
@@ -116,7 +117,7 @@ def test_a_forged_node_is_refused_and_a_real_one_speaks_only_for_its_own_workers
                        make("injected", worker=w, fault="kill:rank=0:step=1", id=0, t=now),
                        make("relay", worker="w99", t=now, msg=commit)]:
             b.uplink.send(forged)                            # node b speaks of a's worker: refused
-        assert not [e for e in marker(events, b, "b done") if e[0] != "refused"]
+        assert not [e for e in marker(events, b, "b done") if not isinstance(e, ev.AgentRefused)]
 
         bad = [{"type": "relay", "worker": w, "t": now, "msg": {**commit, "metrics": "boom"}},
                {"type": "relay", "worker": w, "t": 1e12, "msg": commit},
@@ -133,12 +134,12 @@ def test_a_forged_node_is_refused_and_a_real_one_speaks_only_for_its_own_workers
         for msg in bad:                                     # a's own worker, but garbage: refused
             send_line(a.uplink.sock, {**LINE, **msg})
         a.uplink.sock.sendall(b'{"v": 1, "type": "relay", "worker": "' + w.encode() + b'", "t": NaN, "msg": {}}\n')
-        assert not [e for e in marker(events, a, "a done") if e[0] != "refused"]
+        assert not [e for e in marker(events, a, "a done") if not isinstance(e, ev.AgentRefused)]
 
         a.uplink.send(make("relay", worker=w, t=time.time(), msg=make("commit", gen=1, rank=0, step=3, dt=0.1,
                                                                        metrics={"loss": 2.5, "note": "nan"})))
-        (_, who, msg, t), _ = next_event(events, {"msg"})     # an honest one still goes through
-        assert (who, msg["metrics"]) == (w, {"loss": 2.5, "note": "nan"}) and t <= time.time()
+        e, _ = next_event(events, {ev.WorkerSaid})           # an honest one still goes through
+        assert (e.worker, e.msg["metrics"]) == (w, {"loss": 2.5, "note": "nan"}) and e.t <= time.time()
         assert nodes.alive() == [w] and not nodes.nodes["a"].lost
     err = capfd.readouterr().err
     refused = err.count("hotspare: refusing") + err.count("hotspare: ignoring a bad message")
@@ -161,7 +162,7 @@ def test_a_worker_id_cannot_be_taken_over_on_the_agent_port(capfd):
     with cluster() as (events, endpoint, nodes, connect):
         a, _ = connect("a")
         w = nodes.spawn("active", rank=0)
-        next_event(events, {"msg"})                          # its ready: its channel is up
+        next_event(events, {ev.WorkerSaid})                  # its ready: its channel is up
         sock, lines = raw(a.address)                          # an outsider says it is w
         send_line(sock, {**LINE, "type": "hello", "worker": w, "pid": 1, "role": "active", "proof": "ab" * 32})
         assert lines.readline() == b""
@@ -169,8 +170,8 @@ def test_a_worker_id_cannot_be_taken_over_on_the_agent_port(capfd):
                              worker=w, pid=1, role="active")                          # w is connected already
         assert thief.recv() is None
         assert nodes.send(w, make("probe", gen=1))          # the real w still has its channel
-        (_, who, msg, _), _ = next_event(events, {"msg"})
-        assert (who, msg["type"]) == (w, "reducing")
+        e, _ = next_event(events, {ev.WorkerSaid})
+        assert (e.worker, e.type) == (w, "reducing")
     err = capfd.readouterr().err
     assert "failed authentication" in err and f"worker {w} already has a control connection" in err
 
@@ -198,10 +199,10 @@ def test_operator_commands_need_the_token_and_are_logged_with_their_origin(tmp_p
         result = {}
         t = threading.Thread(target=lambda: result.update(reply=send(control.address, "kill:rank=1", token)))
         t.start()
-        kind, _, (msg, answer), _ = events.get(timeout=10)
-        assert kind == "control" and msg["spec"] == "kill:rank=1"
-        assert msg["origin"].startswith("operator ") and " from 127.0.0.1:" in msg["origin"]
-        answer(make("control_reply", ok=True, message="armed"))
+        e = events.get(timeout=10)
+        assert isinstance(e, ev.OperatorCommand) and (e.msg["type"], e.msg["spec"]) == ("inject", "kill:rank=1")
+        assert e.origin.startswith("operator ") and " from 127.0.0.1:" in e.origin
+        e.reply(make("control_reply", ok=True, message="armed"))
         t.join(10)
         assert result["reply"]["ok"] is True
     finally:
@@ -371,10 +372,10 @@ def reference():
     return result.digest
 
 
-def start(tmp_path):
+def start(tmp_path, *extra):
     """A running job (2 ranks, 1 spare), once its first generation started; its environment."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HOTSPARE_RUN_DIR": str(tmp_path / "runs")}
-    proc = subprocess.Popen([sys.executable, "-m", "hotspare", "run", "--nproc", "2", "--spares", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "hotspare", "run", "--nproc", "2", "--spares", "1", *extra,
                              "--report", str(tmp_path / "report.json"), "--", str(EXAMPLE), *JOB],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
@@ -393,7 +394,7 @@ def finish(proc, lines, tmp_path) -> tuple[dict, str]:
 
 
 def test_a_job_under_attack_on_every_port_ends_with_the_fault_free_digest(tmp_path, reference):
-    proc, lines, env = start(tmp_path)
+    proc, lines, env = start(tmp_path, "--allow-inject")
     try:
         ports = listening(proc.pid)
         assert len(ports) == 4 and {a for a, _ in ports} == {"127.0.0.1"}, ports   # endpoint, agent, control, store
@@ -452,7 +453,7 @@ def test_a_job_whose_launcher_ran_out_of_file_descriptors_still_fails_over(tmp_p
     """Connections until the launcher hits its file limit (EMFILE in every accept loop); once
     they are gone, `hotspare inject` reaches the job again and the new spare registers."""
     import resource
-    proc, lines, env = start(tmp_path)
+    proc, lines, env = start(tmp_path, "--allow-inject")
     try:
         ports = [p for _, p in listening(proc.pid)]
         used = len(os.listdir(f"/proc/{proc.pid}/fd"))
@@ -495,9 +496,9 @@ def test_the_longest_line_a_worker_may_send_still_fits_in_its_relay():
     with cluster() as (events, endpoint, nodes, connect):
         a, _ = connect("a")
         w = nodes.spawn("active", rank=0)
-        next_event(events, {"msg"})
+        next_event(events, {ev.WorkerSaid})
         crash = make("crash", gen=0, rank=0, step=1, error="x", traceback="t" * (MAX_LINE - 200))
         assert len(encode(crash)) < MAX_LINE
         a.uplink.send(make("relay", worker=w, t=time.time(), msg=crash))
-        (_, who, msg, _), _ = next_event(events, {"msg"})
-        assert (who, msg["type"], len(msg["traceback"])) == (w, "crash", MAX_LINE - 200)
+        e, _ = next_event(events, {ev.WorkerSaid})
+        assert (e.worker, e.type, len(e.msg["traceback"])) == (w, "crash", MAX_LINE - 200)

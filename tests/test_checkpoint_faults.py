@@ -112,6 +112,7 @@ def test_every_rank_lost_with_the_newest_checkpoint_damaged_falls_back_to_the_ol
 
 def test_a_checkpoint_report_outside_the_job_directory_is_refused(tmp_path):
     from hotspare.coordinator import Coordinator, Ledger
+    from hotspare.coordinator.events import WorkerSaid
     from hotspare.coordinator.nodes import Nodes, Worker
     from hotspare.policy.decide import ClusterView
     planted = tmp_path / "planted" / "step-000000005"
@@ -126,8 +127,8 @@ def test_a_checkpoint_report_outside_the_job_directory_is_refused(tmp_path):
                         log=lines.append, checkpoint_dir=str(ours))
     coord.view.generation = 1                  # the reports are of generation 1, a formed one
     for path in (planted, ours / "step-000000005"):
-        coord.events.put(("msg", "w0", {"type": "checkpointed", "gen": 1, "rank": 0, "step": 5,
-                                        "path": str(path)}, 0.0))
+        coord.events.put(WorkerSaid("w0", {"type": "checkpointed", "gen": 1, "rank": 0, "step": 5,
+                                           "path": str(path)}, 0.0))
         coord.step(poll=10)
     assert coord.view.checkpoint is None and coord.ledger.checkpoints == []
     assert sum("refused w0's report" in line for line in lines) == 2, lines

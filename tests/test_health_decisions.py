@@ -3,11 +3,12 @@ what the pure policy does with a verdict (migrate, fail over, defer, report, sto
 import pytest
 import torch
 
-from hotspare.agent.inject import parse
+from hotspare.testing.faults.grammar import parse
 from hotspare.errors import ConfigError
-from hotspare.policy.decide import (Cordon, FormGeneration, HealthVerdict, Pause, Paused, Stop,
+from hotspare.policy.decide import (Cordon, FailureCause, FormGeneration, HealthVerdict, Pause, Paused, Stop,
                                     StepFailed, WorkerExited, decide)
 from hotspare.runtime.vote import fingerprint, nonfinite_verdict, row, scale_and_check, tally
+from hotspare.policy.phase import JobPhase
 from test_policy import feed, running_view
 
 
@@ -134,7 +135,7 @@ def test_migrate_pauses_the_generation_and_cordons_the_device():
     pause, cordon = d.actions
     assert pause == Pause(1, 1, "s0", "host/cpu1", d.reason, "temp-limit")
     assert cordon == Cordon("host/cpu1", "too hot", "temp-limit")
-    assert "live-migrating it to spare s0" in d.reason and v.phase == "recovering"
+    assert "live-migrating it to spare s0" in d.reason and v.phase is JobPhase.RECOVERING
     # a second verdict meanwhile does not start a second migration
     assert feed(v, verdict()).actions == ()
 
@@ -148,7 +149,7 @@ def test_when_all_ranks_paused_the_spare_takes_the_rank_by_direct_handoff():
     form = next(a for a in d.actions if isinstance(a, FormGeneration))
     assert form.members == {0: "w0", 1: "s0", 2: "w2", 3: "w3"} and form.target == 20
     assert form.handoff_from == "w1" and form.receivers == () and form.replacements == {1: "s0"}
-    assert v.phase == "running" and v.generation == 2 and v.migrating is None
+    assert v.phase is JobPhase.RUNNING and v.generation == 2 and v.migrating is None
     assert not any(v.reforms.values()), "a migration is not a failed re-form"
 
 
@@ -167,7 +168,7 @@ def test_untrusted_memory_is_fenced_and_never_the_source():
     v = running_view()
     d = feed(v, verdict("failover", rank=2, trust=False, rule="ecc-uncorrectable"))
     fence, cordon = d.actions
-    assert fence.ranks == (2,) and fence.kind == "health:ecc-uncorrectable" and cordon.device == "host/cpu2"
+    assert fence.ranks == (2,) and (fence.cause, fence.rule) == (FailureCause.HEALTH, "ecc-uncorrectable") and cordon.device == "host/cpu2"
     # survivors report; the fenced rank reported too (a vote failure) but is not used until it is gone
     for r in range(4):
         feed(v, StepFailed(f"w{r}", r, 1, 9))
@@ -181,7 +182,7 @@ def test_without_a_spare_a_migration_is_only_reported():
     v = running_view(spares=0)
     d = feed(v, verdict())
     assert d.actions == () and "no warm spare is ready: reported only" in d.reason
-    assert v.phase == "running"
+    assert v.phase is JobPhase.RUNNING
 
 
 def test_watch_and_ignore_take_no_action():

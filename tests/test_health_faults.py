@@ -194,7 +194,7 @@ def test_operator_drain_moves_the_rank_off_a_running_job(tmp_path, long_referenc
 
 
 def test_hotspare_inject_reaches_a_running_job_and_bad_specs_harm_nothing(tmp_path, long_reference):
-    proc, lines, report = start_job(tmp_path)
+    proc, lines, report = start_job(tmp_path, "--allow-inject")
     bad = hotspare_cli(tmp_path, "inject", "thermal:rank=1")
     assert bad.returncode == 2 and "missing temp" in bad.stderr
     nobody = hotspare_cli(tmp_path, "inject", "--job", "1", "kill:rank=1")

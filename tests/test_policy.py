@@ -1,15 +1,22 @@
 """The coordinator's decisions, scripted without processes: signal in, actions and reason out."""
+import copy
+
 from hotspare.policy.decide import (AbortGeneration, Checkpointed, CheckpointNow, ClusterView,
                                     Crashed, Done, Fence, FormGeneration, Release, StartSpares,
                                     StepFailed, Stop, Tick, WorkerExited, WorkerReady, apply,
                                     decide, observe)
+from hotspare.policy.phase import JobPhase
 from hotspare.policy.hang import RankActivity, threshold
 from hotspare.policy.recovery import plan_recovery
 
 
 def feed(view, sig):
+    """Signal in, as the coordinator does it: observe, decide (which reads the view only:
+    checked on every signal of every scripted test), apply."""
     observe(view, sig)
+    before = copy.deepcopy(view)
     d = decide(view, sig, 0.0)
+    assert view == before, f"decide changed the view on {sig}"
     for a in d.actions:
         apply(view, a)
     return d
@@ -21,7 +28,7 @@ def running_view(world=4, spares=1):
         feed(v, WorkerReady(f"w{r}", "active", r))
     for s in range(spares):
         feed(v, WorkerReady(f"s{s}", "spare"))
-    assert v.phase == "running" and v.generation == 1
+    assert v.phase is JobPhase.RUNNING and v.generation == 1
     return v
 
 
@@ -49,7 +56,7 @@ def test_kill_at_step_30_spare_replaces_rank_and_state_comes_from_most_advanced_
     assert (form.target, form.source, form.receivers) == (30, 0, (1, 2))
     assert refill == StartSpares(1)
     assert "state of step 30 comes from rank 0" in d.reason and "one step behind" in d.reason
-    assert v.phase == "running" and v.generation == 2 and v.ready_spares == []
+    assert v.phase is JobPhase.RUNNING and v.generation == 2 and v.ready_spares == []
 
 
 def test_no_warm_spare_starts_a_cold_one_and_recovers_when_it_is_ready():
@@ -73,7 +80,7 @@ def test_same_step_raising_again_on_the_replacement_stops_as_a_bug():
     d = feed(v, Crashed("s0", 1, 2, 5, "ValueError: boom", "Traceback...\nValueError: boom"))
     (stop,) = d.actions
     assert isinstance(stop, Stop) and "bug in the training script" in stop.message
-    assert "ValueError: boom" in stop.message and v.phase == "stopped"
+    assert "ValueError: boom" in stop.message and v.phase is JobPhase.STOPPED
 
 
 def test_repeated_collective_failure_without_a_dead_worker_stops():
@@ -93,7 +100,7 @@ def test_release_when_every_rank_is_done_and_spare_exit_is_replaced():
     assert d.actions == (StartSpares(1),)
     for r in range(4):
         d = feed(v, Done(f"w{r}", r, 1, 99, "abc"))
-    assert isinstance(d.actions[0], Release) and v.phase == "finished"
+    assert isinstance(d.actions[0], Release) and v.phase is JobPhase.FINISHED
 
 
 def test_worker_failing_before_ready_stops_with_startup_message():
@@ -105,7 +112,7 @@ def test_worker_failing_before_ready_stops_with_startup_message():
 def test_stale_generation_reports_are_ignored():
     v = running_view()
     feed(v, StepFailed("w0", 0, 0, 3))     # generation 0 never existed now
-    assert v.phase == "running" and v.reports == {}
+    assert v.phase is JobPhase.RUNNING and v.reports == {}
 
 
 def test_plan_recovery_paths():
@@ -192,3 +199,15 @@ def test_a_survivor_that_never_received_the_state_is_not_a_copy():
     assert p.path == "checkpoint" and p.target_step == 200
     p = plan_recovery({1}, {0: 262, 2: 263, 3: -1}, warm_spares=1, job_step=263)
     assert (p.path, p.source, p.receivers) == ("memory", 2, (0, 1, 3))   # one step behind still counts
+
+
+def test_decide_is_pure_the_same_view_and_signal_give_the_same_decision_and_leave_the_view_alone():
+    from hotspare.policy.decide import HealthVerdict
+    v = running_view()
+    verdict = HealthVerdict("host/cpu1", 1, "failover", "NaN", False, "nonfinite", step=12, worker="w1")
+    observe(v, verdict)
+    assert v.health_failures == {(1, 12): ["w1"]}       # observe records the fact, once
+    frozen = copy.deepcopy(v)
+    first, again = decide(v, verdict), decide(v, verdict)
+    assert first == again and v == frozen              # decide, twice: no trace in the view
+    assert isinstance(first.actions[0], Fence)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from hotspare.agent.inject import parse
+from hotspare.testing.faults.grammar import parse
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol.messages import decode, encode, make
 
@@ -37,7 +37,7 @@ def test_inject_grammar():
 
 
 def test_workers_report_step_starts_only_while_a_fault_waits_to_fire():
-    from hotspare.agent.inject import Injector
+    from hotspare.testing.faults import Injector
     inj = Injector([parse("kill:rank=1:step=3", world_size=4)])
     assert inj.pending()
     assert inj.at_step(1, 2) is None and inj.pending()

@@ -1,4 +1,4 @@
-"""Node agent: spawns and supervises workers and spares, injects faults."""
-from hotspare.agent.agent import NodeAgent, describe_exit
+"""Node agent: spawns and supervises workers and spares (fault injection: hotspare.testing.faults)."""
+from hotspare.agent.agent import NodeAgent
 
-__all__ = ["NodeAgent", "describe_exit"]
+__all__ = ["NodeAgent"]

@@ -1,12 +1,14 @@
 """The node agent: spawns and supervises worker and spare processes on one host.
 
 It owns the processes (so it sees an exit the moment it happens; they fork from its zygote,
-``hotspare.agent.zygote``, or start as fresh interpreters), the control connections of
-its workers (JSON lines over TCP, see ``hotspare.protocol``), and fault injection (real signals).
-It talks to the coordinator over one more such connection, which it opens itself: what it sees
-(a worker started, exited, said something, a fault fired) goes up as a message; the
-coordinator's decisions come down as commands (``spawn``, ``kill``, ``deliver``, ``arm``,
-``shutdown``). A command the agent cannot carry out is answered with ``refused``; the job goes on.
+``hotspare.agent.zygote``, or start as fresh interpreters) and the control connections of
+its workers (JSON lines over TCP, see ``hotspare.protocol``). It talks to the coordinator over
+one more such connection, which it opens itself: what it sees (a worker started, exited, said
+something) goes up as a message; the coordinator's decisions come down as commands (``spawn``,
+``kill``, ``deliver``, ``shutdown``). A command the agent cannot carry out is answered with
+``refused``; the job goes on. Fault injection is a plug-in (``hotspare.testing.faults.AgentFaults``,
+given as ``faults``), which adds its commands (``arm``, ``disarm``) and sees each worker message
+before it is relayed; without it none of its code runs.
 In ``hotspare run`` the agent lives in the launcher beside the coordinator, over loopback, by the
 same code path a remote agent would take.
 
@@ -16,6 +18,8 @@ prove it on the worker port; a worker id that already has a connection cannot ge
 and only a worker's own kinds of message are relayed.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import os
 import signal
@@ -27,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hotspare.agent.inject import Fault, Injector, parse
 from hotspare.agent.zygote import (ForkedProc, Zygote, ZygoteError, die_with_parent, forkable,
                                    preload_for)
 from hotspare.errors import ConfigError, ProtocolError
@@ -55,40 +58,39 @@ class WorkerProc:
     reaped: threading.Event = field(default_factory=threading.Event)    # the process is gone
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 class NodeAgent:
     def __init__(self, cmd: list[str], base_env: dict[str, str], coordinator: str, secret: bytes,
                  node: str | None = None, host: str = "127.0.0.1", devices: list[str] | None = None,
-                 device_fault: Callable[[str, Fault], None] | None = None, spawn: str = "fork"):
+                 spawn: str = "fork", faults=None):
         """Start serving workers on ``host`` and connect to the coordinator at ``coordinator``
         (host:port), proving ``secret`` (the job's). ``devices``: the node's device slots
-        ("host/cpu0"...); the coordinator places each worker on one. ``device_fault(device, fault)`` carries out injected device
-        faults (simulated telemetry). ``spawn``: "fork" forks workers from a zygote that has
-        imported torch (``hotspare.agent.zygote``) where ``cmd`` allows, "exec" starts each as a
-        fresh interpreter."""
+        ("host/cpu0"...); the coordinator places each worker on one. ``spawn``: "fork" forks
+        workers from a zygote that has imported torch (``hotspare.agent.zygote``) where ``cmd``
+        allows, "exec" starts each as a fresh interpreter. ``faults``: the fault-injection
+        plug-in (``hotspare.testing.faults.AgentFaults``), for tests and drills; None in production."""
         if spawn not in SPAWN_METHODS:
             raise ConfigError(f"spawn method {spawn!r} unknown; use one of {', '.join(SPAWN_METHODS)}")
         self.cmd = cmd
         # The job-wide part of the worker contract arrives as its variables in base_env (the
         # launcher wrote them, hotspare.protocol.workerenv); read once, so a bad one fails here.
-        self.job_env = JobEnv.from_env(base_env)
+        # With the fault plug-in, the workers load theirs (hotspare.testing.faults.worker).
+        self.faults = faults
+        job_env = JobEnv.from_env(base_env)
+        self.job_env = job_env if faults is None else dataclasses.replace(job_env, faults=True)
         self.base_env = without_contract(base_env)
         self.zygote: Zygote | None = None
         self.node = node or socket.gethostname()
         self.devices = list(devices or [])
-        self.device_fault = device_fault
-        self.injector = Injector([])
-        self._armed: dict[int, Fault] = {}       # arm id -> fault, to disarm it
-        self._watching = False
-        self._watch_lock = threading.Lock()      # decide and tell under one lock: threads race here
+        self.channel_lock = threading.Lock()     # binding a worker's channel (and what a plug-in tells it then)
+        self._commands_of: dict[str, Callable[[dict[str, Any]], None]] = {
+            "spawn": lambda m: self.spawn(m["worker"], m["role"], m["rank"], m["device"]),
+            "kill": lambda m: self.kill(m["worker"], signal.Signals(m["signal"]), m["group"]),
+            "deliver": lambda m: self.send(m["worker"], validate(m["msg"])),
+            "shutdown": lambda m: self.shutdown(grace=float(m["grace"])),
+        }
+        if faults is not None:
+            faults.attach(self)
+            self._commands_of.update(faults.commands())
         self.host = host
         self.workers: dict[str, WorkerProc] = {}
         self._lock = threading.Lock()
@@ -99,7 +101,8 @@ class NodeAgent:
         self.port = server.getsockname()[1]
         self._listener = Listener(server, self._handshake, self._serve, "agent-accept")
         self.uplink = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=self.node,
-                                   pid=os.getpid(), devices=self.devices, device_faults=device_fault is not None)
+                                   pid=os.getpid(), devices=self.devices,
+                                   device_faults=faults is not None and faults.device_faults)
         if spawn == "fork" and forkable(cmd):    # it imports in the background until the first spawn
             try:
                 self.zygote = Zygote(base_env, preload=preload_for(cmd[1]))
@@ -111,6 +114,10 @@ class NodeAgent:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def report(self, type_: str, **fields: Any) -> None:
+        """Tell the coordinator (for plug-ins: e.g. a fault that fired)."""
+        self._up(type_, **fields)
 
     def _up(self, type_: str, **fields: Any) -> None:
         """Tell the coordinator; if the link is gone, ``_commands`` is already ending the node."""
@@ -145,27 +152,10 @@ class NodeAgent:
             self.shutdown(grace=0.0)
 
     def _command(self, msg: dict[str, Any]) -> None:
-        kind = msg["type"]
-        if kind == "spawn":
-            self.spawn(msg["worker"], msg["role"], msg["rank"], msg["device"])
-        elif kind == "kill":
-            self.kill(msg["worker"], signal.Signals(msg["signal"]), msg["group"])
-        elif kind == "deliver":
-            self.send(msg["worker"], validate(msg["msg"]))
-        elif kind == "arm":
-            fault = parse(msg["spec"], running=msg["running"])
-            self._armed[msg["id"]] = fault
-            self.injector.add(fault)
-            self.watch_steps()
-        elif kind == "disarm":
-            fault = self._armed.get(msg["id"])
-            if fault is not None:
-                fault.fired = True
-                self.watch_steps()
-        elif kind == "shutdown":
-            self.shutdown(grace=float(msg["grace"]))
-        else:
-            raise ProtocolError(f"{kind!r} is not a command for a node agent")
+        run = self._commands_of.get(msg["type"])
+        if run is None:
+            raise ProtocolError(f"{msg['type']!r} is not a command for a node agent")
+        run(msg)
 
     # ------------------------------------------------------------------ processes
     def spawn(self, worker: str, role: str, rank: int | None, device: str | None) -> None:
@@ -285,36 +275,6 @@ class NodeAgent:
         except OSError:
             return False
 
-    def watch_steps(self) -> None:
-        """Workers report each step's start only while a fault waits to fire (a step boundary is
-        its trigger); otherwise the per-step message is skipped: each one wakes the agent (an
-        A/B of this message alone measured ~2% of a 100 ms step on a 2-core machine; the
-        comparison with torchrun did not move beyond its noise). Called when faults are armed
-        or fire."""
-        with self._watch_lock:
-            on = self.injector.pending()
-            if on != self._watching:
-                self._watching = on
-                for w in list(self.workers):
-                    self.send(w, make("watch", steps=on))
-
-    def _inject(self, wp: WorkerProc, fault: Fault, now: float) -> None:
-        if fault.target == "device":
-            if self.device_fault is None or wp.device is None:
-                print(f"hotspare agent: cannot inject {fault}: no simulated telemetry for this worker's "
-                      "device", file=sys.stderr, flush=True)
-                return
-            self.device_fault(wp.device, fault)
-        elif fault.target == "worker":
-            self.send(wp.worker, make("fault", kind=fault.kind, params=dict(fault.params)))
-        elif fault.kind == "exit":
-            # The worker's control thread calls os._exit(code): an abrupt exit with that status.
-            self.send(wp.worker, make("exit_now", code=fault.code))
-        else:
-            self.kill(wp.worker, fault.signal, group=False)
-        ident = next((i for i, f in self._armed.items() if f is fault), -1)
-        self._up("injected", worker=wp.worker, fault=str(fault), id=ident, t=now)
-
     def _handshake(self, ch: Channel) -> Message:
         return auth.accept(ch, auth.WORKER, lambda worker: auth.worker_token(self._secret, worker))
 
@@ -327,12 +287,12 @@ class NodeAgent:
         wp = self.workers.get(worker)
         if wp is None:
             raise ProtocolError(f"worker {worker[:64]!r} is not one of node {self.node}'s")
-        with self._watch_lock:
+        with self.channel_lock:
             if wp.channel is not None:
                 raise ProtocolError(f"worker {worker} already has a control connection")
             wp.channel = ch
-            if self._watching:       # before its generation arrives: in order on this channel
-                ch.send(make("watch", steps=True))
+            if self.faults is not None:
+                self.faults.connected(worker, ch)
         return wp
 
     def _serve(self, ch: Channel, hello: Message) -> None:
@@ -346,21 +306,8 @@ class NodeAgent:
                 if msg["type"] not in FROM_WORKER:
                     raise ProtocolError(f"{msg['type']!r} is not a message a worker sends")
                 now = time.time()
-                kind = msg["type"]
-                fault = None
-                if kind == "step":
-                    fault = self.injector.at_step(msg["rank"], msg["step"])
-                elif kind in ("joining", "transfer"):
-                    phase = "join" if kind == "joining" else "transfer"
-                    fault = self.injector.at_phase(msg["rank"], phase, msg["gen"])
-                if fault is not None:
-                    self._inject(wp, fault, now)
-                    self.watch_steps()
-                if isinstance(msg.get("wait"), int):     # a trigger: the worker waits for this
-                    try:
-                        ch.send(make("go", wait=msg["wait"]))
-                    except OSError:
-                        pass                 # killed just now by the fault
+                if self.faults is not None:      # the plug-in's triggers fire before the relay
+                    self.faults.on_message(wp.worker, msg, ch, now)
                 self._up("relay", worker=wp.worker, t=now, msg=msg)
         except ConnectionResetError:
             return                       # the worker died; its exit is reported by _wait

@@ -5,7 +5,8 @@ import argparse
 import sys
 
 DESCRIPTION = """\
-Send one fault to a running `hotspare run` job on this machine. The job's launcher validates it
+Send one fault to a running `hotspare run` job on this machine, one started with --allow-inject
+(or --inject; any other job refuses it). The job's launcher validates it
 (a bad spec is refused with a message and changes nothing) and arms it: it fires when the named
 rank starts its next step, or at step=S when given. Device faults (thermal, ecc, xid) change what
 the job's simulated telemetry reads, so the health service sees a degrading device."""
@@ -27,7 +28,7 @@ exit status: 0 armed; 1 refused by the job or no job reachable; 2 bad command li
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from hotspare.agent.inject import GRAMMAR
+    from hotspare.testing.faults.grammar import GRAMMAR
     p = sub.add_parser("inject", help="send a fault to a running job (health drills, tests)",
                        description=DESCRIPTION, epilog=EPILOG.format(grammar=GRAMMAR),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,7 +72,7 @@ def _token(address: str, secret_file: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hotspare.agent.inject import parse
+    from hotspare.testing.faults.grammar import parse
     from hotspare.coordinator.control import send
     from hotspare.errors import ConfigError, ProtocolError
     try:

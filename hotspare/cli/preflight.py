@@ -20,8 +20,8 @@ from hotspare.errors import ConfigError
 
 def injection():
     """The fault-injection module (its grammar and parser); the one place that names it."""
-    from hotspare.agent import inject
-    return inject
+    from hotspare.testing.faults import grammar
+    return grammar
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -72,8 +72,13 @@ def job_env(cfg: RunConfig, pre: Preflight) -> JobEnv:
                   # Workers write (and restore) only inside these, signed with the key file named here.
                   checkpoint_dir=checkpoint_dir(cfg), checkpoint_every=c.checkpoint_every,
                   checkpoint_seconds=c.checkpoint_seconds, checkpoint_key=pre.key_file,
-                  resume_dir=os.path.abspath(c.resume) if c.resume else None,
-                  faults=True)   # interim: every job loads the worker fault plug-in
+                  resume_dir=os.path.abspath(c.resume) if c.resume else None)
+
+
+def injecting(cfg: RunConfig) -> bool:
+    """Whether this job loads the fault-injection plug-in: --inject, or --allow-inject for
+    `hotspare inject` into the running job."""
+    return bool(cfg.faults.inject) or cfg.faults.allow_inject
 
 
 def checkpoint_dir(cfg: RunConfig) -> str:
@@ -98,10 +103,15 @@ def _control_plane(cfg: RunConfig, pre: Preflight, events: "queue.Queue", health
     ledger.checkpoint_fallbacks.extend(pre.fallbacks)
     view = ClusterView(world_size=cfg.launch.nproc, target_spares=cfg.capacity.spares, resume=pre.resume_path,
                        replacements_left=cfg.capacity.max_replacements, capacity_wait=cfg.capacity.capacity_wait)
+    # Fault injection is a testing plug-in, loaded only when asked for (hotspare.testing.faults).
+    plugins = []
+    if injecting(cfg):
+        from hotspare.testing.faults import CoordinatorFaults
+        plugins.append(CoordinatorFaults(pre.faults))
     coord = Coordinator(Nodes(usable=health.usable if health else (lambda d: True)), events, view, ledger,
                         log=log, log_every=cfg.launch.log_every, hang_floor=hang.hang_floor,
                         hang_factor=hang.hang_factor, join_timeout=hang.join_timeout,
-                        checkpoint_dir=checkpoint_dir(cfg), health=health, faults=pre.faults,
+                        checkpoint_dir=checkpoint_dir(cfg), health=health, plugins=plugins,
                         checkpoint_key=pre.key)
     return ledger, coord
 
@@ -148,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     # This host's node agents talk to the coordinator over TCP, as remote agents would.
     endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
     agents = _agents(cfg, env, endpoint.address, secret, health.devices if health else None,
-                     _device_fault(source, log) if source is not None else None)
+                     _device_fault(source, log) if source is not None else None, injecting(cfg))
     log(f"job: {launch.nproc} rank(s) + {cfg.capacity.spares} warm spare(s): "
         f"{' '.join([cfg.script, *cfg.script_args])}")
     for note in pre.fallbacks:
@@ -161,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
         "interpreters)" if forked else "spawn: each worker and spare starts as a fresh interpreter")
     from hotspare.coordinator.control import ControlServer
     control = ControlServer(events, secret, describe={"script": cfg.script, "nproc": launch.nproc})
-    log(f"control: {control.address} (hotspare inject SPEC sends a fault to this job)")
+    log(f"control: {control.address}" + (" (hotspare inject SPEC sends a fault to this job)" if injecting(cfg)
+                                          else " (faults refused: no --allow-inject)"))
     try:
         coord.start(nodes=len(agents))
     except ConfigError as e:
@@ -220,6 +231,8 @@ class _StopSignals:
 
     def __init__(self, events: "queue.Queue", graceful: bool):
         self.events, self.graceful, self.seen = events, graceful, False
+        from hotspare.coordinator.events import Preempt
+        self._preempt = Preempt       # imported here, never inside the signal handler
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 
@@ -227,7 +240,7 @@ class _StopSignals:
         name, code = signal.Signals(signum).name, 128 + signum
         if self.graceful and not self.seen:
             self.seen = True
-            self.events.put(("preempt", "", {"signal": name, "code": code}, time.time()))
+            self.events.put(self._preempt(name, code, time.time()))
             return
         raise _Interrupted(name, code)
 
@@ -238,9 +251,10 @@ class _StopSignals:
 
 
 def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes, devices: list[str] | None,
-            device_fault) -> list:
+            device_fault, injecting: bool) -> list:
     """The node agents of this host: one, or ``--local-nodes`` K, each with a contiguous share
-    of the device slots."""
+    of the device slots; with the fault plug-in when ``injecting`` (``device_fault``: how it
+    drives the simulated telemetry)."""
     import socket
 
     from hotspare.agent import NodeAgent
@@ -255,9 +269,13 @@ def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes
             node_env.update(GROUP_RANK=str(i), GROUP_WORLD_SIZE=str(k))
             if share:
                 node_env["LOCAL_WORLD_SIZE"] = str(len(share))
+        faults = None
+        if injecting:
+            from hotspare.testing.faults import AgentFaults
+            faults = AgentFaults(device_fault)
         agents.append(NodeAgent(cmd, node_env, coordinator=coordinator, secret=secret,
                                 node=host if k == 1 else f"{host}-{i}",
-                                devices=share, device_fault=device_fault, spawn=cfg.launch.spawn))
+                                devices=share, spawn=cfg.launch.spawn, faults=faults))
     return agents
 
 
@@ -303,7 +321,8 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
     monitor = HealthMonitor(rules, registry, devices, log=log, diagnose=diagnose, reset=reset)
     if h.admission != "off":
         _admit(h.admission, devices, registry, log)
-    poller = Poller(source, lambda readings: events.put(("readings", "", readings, time.time())),
+    from hotspare.coordinator.events import Readings
+    poller = Poller(source, lambda readings: events.put(Readings(readings, time.time())),
                     period_s=h.telemetry_period)
     log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db} "
         f"(hotspare health --db {db})")

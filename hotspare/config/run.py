@@ -60,6 +60,10 @@ class FaultConfig(Section):
     TITLE = "fault injection (testing; the grammar is below)"
     inject: tuple[str, ...] = option(kind="append", metavar="SPEC",
                                      help="inject a real fault, e.g. kill:rank=2:step=60 (repeatable)")
+    allow_inject: bool = option(False, kind="switch",
+                                help="load the fault-injection plug-in (tests, drills) so that `hotspare inject` "
+                                     "may arm faults in this running job; implied by --inject. Without it the "
+                                     "job refuses them")
 
 
 @dataclasses.dataclass(**_KW)

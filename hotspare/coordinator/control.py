@@ -1,4 +1,5 @@
-"""The launcher's control endpoint: operator commands for a running job (``hotspare inject``).
+"""The launcher's control endpoint: operator commands for a running job (``hotspare inject``,
+answered only when the job loaded the fault plug-in: ``hotspare run --allow-inject``).
 
 One TCP listener on the launcher's host. The listener challenges each connection; the client
 answers with one JSON-lines command (the same versioned, validated protocol as the workers')
@@ -21,6 +22,7 @@ import queue
 import time
 from pathlib import Path
 
+from hotspare.coordinator.events import OperatorCommand
 from hotspare.errors import ProtocolError
 from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
@@ -73,7 +75,7 @@ class ControlServer:
         try:
             origin = f"operator {msg['operator'][:64]!r} from {auth.peer(ch)}"
             reply: "queue.Queue[dict]" = queue.Queue(1)
-            self.events.put(("control", "", ({**msg, "origin": origin}, reply.put), time.time()))
+            self.events.put(OperatorCommand(msg, origin, reply.put, time.time()))
             ch.sock.settimeout(REPLY_TIMEOUT_S)
             try:
                 ch.send(reply.get(timeout=REPLY_TIMEOUT_S))

@@ -1,6 +1,8 @@
 """What happened, measured: commits, failures and recoveries, and the JSON report.
 
-The ledger only records; it decides nothing. Times are wall-clock seconds of the launcher's
+The ledger only records; it decides nothing. It is the one writer of failure and migration
+records: the coordinator tells it what happened (a member lost, a generation formed, a rank
+joined...) and it keeps the records' times and outcomes. Times are wall-clock seconds of the launcher's
 clock (workers on the same host share it), so a fault's downtime runs from the moment the fault
 was injected (or detected, for faults nobody injected) to the moment every rank of the new
 generation committed its first step.
@@ -12,10 +14,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hotspare.policy.actions import FormGeneration, Pause
+from hotspare.policy.signals import FailureCause, exit_cause, signal_name
+
 
 @dataclass
 class FailureRecord:
-    kind: str                         # "SIGKILL", "exit code 1", "exception", "collective error"
+    cause: FailureCause
     rank: int
     worker: str
     step: int | None                  # the step in flight on that rank
@@ -36,13 +41,27 @@ class FailureRecord:
     rebuild_s: float = 0.0
     transfer_s: float = 0.0
     first_commit_at: float | None = None
+    exit_code: int | None = None      # KILLED / EXITED: the process's exit status (negative: its signal)
+    rule: str = ""                    # HEALTH: the rule that fenced it
 
     @property
     def start(self) -> float:
         return self.fault_at if self.fault_at is not None else self.detected_at
 
+    @property
+    def kind(self) -> str:
+        """The report's name for the cause: "SIGKILL", "exit 7", "hang", "health:<rule>"..."""
+        if self.cause is FailureCause.KILLED and self.exit_code is not None:
+            return signal_name(self.exit_code)
+        if self.cause is FailureCause.EXITED and self.exit_code is not None:
+            return f"exit {self.exit_code}"
+        if self.cause is FailureCause.HEALTH:
+            return f"health:{self.rule}"
+        return self.cause.value
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if not k.endswith("_at")}
+        d["cause"], d["kind"] = self.cause.value, self.kind
         d["detection_latency_s"] = None if self.fault_at is None else round(self.detected_at - self.fault_at, 6)
         d["downtime_s"] = None if self.first_commit_at is None else round(self.first_commit_at - self.start, 6)
         d["phases_s"] = self.phases()
@@ -119,6 +138,111 @@ class Ledger:
     total_steps: int | None = None
     outcome: str = "running"
     message: str = ""
+    fault_at: dict[str, float] = field(default_factory=dict)      # worker -> when a fault was injected into it
+    fences: dict[str, tuple[float, FailureCause, str]] = field(default_factory=dict)  # worker -> (t, cause, rule)
+
+    # ------------------------------------------------------------------ failures and migrations
+    def fault_injected(self, worker: str, t: float) -> None:
+        """A fault was injected into ``worker`` at ``t`` (the fault plug-in says so): its
+        failure's downtime and detection latency run from then."""
+        self.fault_at[worker] = t
+
+    def fenced(self, worker: str, t: float, cause: FailureCause, rule: str = "") -> None:
+        """``worker`` was fenced at ``t``: its failure is detected then, for ``cause``."""
+        self.fences[worker] = (t, cause, rule)
+
+    def member_lost(self, rank: int, worker: str, code: int, t: float, last_step: int | None,
+                    error: str | None, node_lost: bool, spare_was_warm: bool) -> FailureRecord:
+        """A member of the current generation is gone (exit status ``code``); its record, open
+        until its replacement commits. ``error``: what its step raised, if it reported one."""
+        fence = self.fences.get(worker)
+        rule = ""
+        if fence is not None:
+            t, cause, rule = fence                  # detected when the detector fired
+        elif error is not None:
+            cause = FailureCause.EXCEPTION
+        elif node_lost:
+            cause = FailureCause.NODE_LOST
+        else:
+            cause = exit_cause(code)
+        # The step it was in: its own reports say (None: it never ran one), or, as ranks > 0
+        # report commits in batches, the step after the job's newest commit (rank 0 reports each
+        # at once), if that is later.
+        step = None if last_step is None else max(last_step, self.max_committed() + 1)
+        rec = FailureRecord(cause=cause, rank=rank, worker=worker, step=step, detected_at=t,
+                            fault_at=self.fault_at.get(worker), error=error, spare_was_warm=spare_was_warm,
+                            exit_code=code, rule=rule)
+        self.failures.append(rec)
+        self.open.append(rec)
+        return rec
+
+    def formed(self, a: FormGeneration, reason: str, now: float) -> None:
+        """Generation ``a.gen`` formed: the open failures (and a pending migration) are
+        resolved by it; a re-form after gen 1 with no failure open was a transient collective
+        failure, recorded as one."""
+        if a.gen > 1 and a.handoff_from is None:
+            if not self.open:   # a collective failed but nobody died: a transient fault
+                rec = FailureRecord(cause=FailureCause.COLLECTIVE, rank=-1, worker="", step=a.target + 1,
+                                    detected_at=now)
+                self.failures.append(rec)
+                self.open.append(rec)
+            lost_steps = max(0, self.max_committed() - a.target)
+            for f in self.open:
+                if f.generation is None:
+                    f.generation, f.reason, f.decided_at = a.gen, reason, now
+                    f.recovery_path = "checkpoint" if a.restore else "memory"
+                    f.lost_steps = lost_steps
+                    f.replacement = a.replacements.get(f.rank)
+                    f.source_rank, f.target_step = a.source, a.target
+        for m in self.migrations:
+            if m.generation is None:
+                if a.handoff_from == m.worker:
+                    m.generation, m.target_step, m.lost_steps = a.gen, a.target, 0
+                else:
+                    m.generation, m.outcome = a.gen, "superseded by a failure"
+
+    def migration_started(self, action: Pause, worker: str, t: float) -> None:
+        self.migrations.append(MigrationRecord(action.rank, action.device, action.rule, action.reason, t,
+                                               action.spare, worker, fault_at=self.fault_at.get(worker)))
+
+    def paused(self, t: float) -> None:
+        """A rank left its generation for the pending migration."""
+        m = next((m for m in reversed(self.migrations) if m.generation is None), None)
+        if m is not None:
+            m.stopped_at = min(m.stopped_at or t, t)
+            m.paused_at = max(m.paused_at or 0.0, t)
+
+    def handed_off(self, gen: int, nbytes: int, seconds: float) -> None:
+        for m in self.migrations:
+            if m.generation == gen:
+                m.bytes_transferred, m.transfer_s = nbytes, seconds
+
+    def joined(self, gen: int, timings: dict[str, Any], nbytes: int, t: float) -> None:
+        """A rank joined generation ``gen`` (its group built in ``rebuild`` s, its state moved
+        in ``transfer`` s)."""
+        rebuild, transfer = float(timings.get("rebuild", 0.0)), float(timings.get("transfer", 0.0))
+        for m in self.migrations:
+            if m.generation == gen:
+                m.rebuild_s = max(m.rebuild_s, rebuild)
+        for f in self.open:
+            if f.generation == gen:
+                f.joined_at = max(f.joined_at or 0.0, t)
+                f.rebuild_s = max(f.rebuild_s, rebuild)
+                f.transfer_s = max(f.transfer_s, transfer)
+                f.bytes_transferred = max(f.bytes_transferred, nbytes)
+
+    def finished(self) -> None:
+        self.outcome = "finished"
+        for m in self.migrations:
+            if m.outcome == "in flight":
+                m.outcome = "not needed: training finished first"
+
+    def stopped(self, message: str, preempted: bool) -> None:
+        self.outcome, self.message = ("preempted" if preempted else "stopped"), message
+        for f in self.open:
+            f.recovery_path = f.recovery_path or "stopped"
+
+    # ------------------------------------------------------------------ commits
 
     def commit(self, rank: int, step: int, dt: float, gen: int, world: int, now: float,
                check: float | None = None, fp: float | None = None, check_cpu: float | None = None) -> bool:

@@ -21,17 +21,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hotspare.coordinator import events as ev
 from hotspare.errors import ProtocolError
 from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.listen import Listener, bound_server
-from hotspare.protocol.messages import FROM_WORKER, MAX_LINE, Message, make, validate
+from hotspare.protocol.messages import MAX_LINE, Message, make
 
 MAX_SKEW_S = 300.0         # an agent's event time may be this far from the coordinator's clock
-
-# agent message -> coordinator event kind
-_EVENTS = {"relay": "msg", "exited": "exit", "started": "started", "injected": "injected",
-           "stopped": "stopped", "refused": "refused"}
 
 
 @dataclass
@@ -70,7 +67,7 @@ def refuse(ch: Channel, command: str, message: str) -> None:
 
 class NodeEndpoint:
     """The TCP listener node agents connect to. Each link is read by its own thread, which
-    turns messages into events ``(kind, worker or node, payload, time)`` on ``events``.
+    decodes its messages into typed events (``coordinator.events``) on ``events``.
     ``owner(worker)``: the node the coordinator placed ``worker`` on (None: no such worker)."""
 
     def __init__(self, events: "queue.Queue", secret: bytes, owner: Callable[[str], str | None],
@@ -96,7 +93,7 @@ class NodeEndpoint:
 
     def _serve(self, ch: Channel, hello: Message) -> None:
         node = hello["node"]
-        self.events.put(("node", node, (hello, ch), time.time()))
+        self.events.put(ev.NodeConnected(node, hello, ch, time.time()))
         while True:
             try:
                 msg = ch.recv()
@@ -107,7 +104,7 @@ class NodeEndpoint:
             except OSError:
                 msg = None
             if msg is None:       # the payload tells this link from a later one of the same name
-                self.events.put(("node_lost", node, ch, time.time()))
+                self.events.put(ev.NodeLost(node, ch, time.time()))
                 return
             try:
                 self._event(node, msg)
@@ -117,24 +114,10 @@ class NodeEndpoint:
     def _event(self, node: str, msg: Message) -> None:
         """Queue the event ``msg`` stands for, or raise ProtocolError: not an agent's message,
         about a worker of another node, or not a worker's message inside a relay."""
-        kind = _EVENTS.get(msg["type"])
-        if kind is None:
-            raise ProtocolError("not an agent message")
-        if kind == "refused":
-            self.events.put((kind, node, msg, time.time()))
-            return
-        worker = msg["worker"]
-        if self._owner(worker) != node:
-            raise ProtocolError(f"worker {worker[:64]!r} is not one this node runs")
-        if kind == "msg":
-            inner = validate(msg["msg"])
-            if inner["type"] not in FROM_WORKER or inner.get("worker", worker) != worker:
-                raise ProtocolError(f"a relayed {inner['type']!r} is not a message worker {worker} may send")
-            self.events.put(("msg", worker, inner, _event_time(msg["t"])))
-        elif kind == "injected":
-            self.events.put((kind, worker, msg, _event_time(msg["t"])))
-        else:
-            self.events.put((kind, worker, msg, time.time()))
+        event = ev.decode(node, msg, _event_time, time.time())
+        if isinstance(event, ev.WORKER_EVENTS) and self._owner(event.worker) != node:
+            raise ProtocolError(f"worker {event.worker[:64]!r} is not one this node runs")
+        self.events.put(event)
 
 
 def _event_time(t: float) -> float:
@@ -158,8 +141,6 @@ class Nodes:
         self.nodes: dict[str, Node] = {}
         self.workers: dict[str, Worker] = {}
         self._ids = itertools.count()
-        self._arms = itertools.count()
-        self.armed: dict[int, tuple[str, bool]] = {}     # faults not fired yet: id -> (spec, running)
 
     # ------------------------------------------------------------------ links
     def owner(self, worker: str) -> str | None:
@@ -173,8 +154,6 @@ class Nodes:
             raise ProtocolError(f"a node named {name!r} is already connected")
         node = Node(name, channel, [str(d) for d in hello["devices"]], hello["device_faults"], hello["pid"])
         self.nodes[name] = node
-        for ident, (spec, running) in self.armed.items():
-            self._tell(node, make("arm", id=ident, spec=spec, running=running))
         return node
 
     def lose(self, name: str, channel: Channel | None = None) -> list[str]:
@@ -185,6 +164,11 @@ class Nodes:
             return []
         node.lost = True
         return [w for w in sorted(node.workers) if self.workers[w].exit_code is None]
+
+    def tell(self, name: str, msg: Message) -> bool:
+        """Send a command to the agent of node ``name``; False when its link is gone."""
+        node = self.nodes.get(name)
+        return node is not None and self._tell(node, msg)
 
     def _tell(self, node: Node, msg: Message) -> bool:
         if node.lost:
@@ -248,37 +232,20 @@ class Nodes:
     def device_faults(self) -> bool:
         return any(n.device_faults for n in self.live_nodes())
 
-    def arm(self, spec: str, running: bool) -> int:
-        """Give a fault to every agent, now and as they connect; the one whose node runs the
-        rank it names fires it."""
-        ident = next(self._arms)
-        self.armed[ident] = (spec, running)
-        for node in self.live_nodes():
-            self._tell(node, make("arm", id=ident, spec=spec, running=running))
-        return ident
-
-    def fired(self, ident: int, worker: str) -> None:
-        """A fault fired on ``worker``'s node: the other nodes drop their copy."""
-        self.armed.pop(ident, None)
-        here = self.workers[worker].node if worker in self.workers else None
-        for node in self.live_nodes():
-            if node.name != here:
-                self._tell(node, make("disarm", id=ident))
-
-    def observe(self, kind: str, worker: str, payload: Any) -> Worker | None:
+    def observe(self, event: ev.Event) -> Worker | None:
         """Keep the picture current from an agent event; the worker it is about, if known."""
-        info = self.workers.get(worker)
+        info = self.workers.get(getattr(event, "worker", None))
         if info is None:
             return None
-        if kind == "started":
-            info.pid = payload["pid"]
-        elif kind == "exit":
-            info.exit_code = payload["code"]
-        elif kind == "stopped":
-            info.stopped = payload["stopped"]
-        elif kind == "msg":
-            msg = payload
-            if msg["type"] == "step":
+        if isinstance(event, ev.WorkerStarted):
+            info.pid = event.pid
+        elif isinstance(event, ev.WorkerExited):
+            info.exit_code = event.code
+        elif isinstance(event, ev.WorkerStopped):
+            info.stopped = event.stopped
+        elif isinstance(event, ev.WorkerSaid):
+            msg = event.msg
+            if msg["type"] == "step":          # only while faults are armed (hotspare.testing.faults)
                 info.rank, info.last_step = msg["rank"], msg["step"]
             elif msg["type"] == "commit":      # the next step begins right after a commit
                 info.rank, info.last_step = msg["rank"], msg["step"] + 1

@@ -1,313 +1,64 @@
 """The coordinator's decisions as a pure function: ``decide(view, signal, now) -> Decision``.
 
-``observe(view, signal)`` records the facts a signal carries (who is ready, who died, who reported
-which committed step); ``decide`` reads the view and returns the actions to take and a
-human-readable reason, which reaches the log and the report; the coordinator executes the
-actions and records their effect with ``apply``. No I/O, no clocks, no torch: the tests script
-signals straight into it, and the simulator can replay it.
+``decide`` reads the view (``policy.view.ClusterView``; ``observe`` has recorded the signal's facts
+in it first) and returns the actions to take, a human-readable reason, which reaches the log and
+the report, and a ``ReasonCode`` for code that must tell decisions apart (never the prose). It
+changes nothing: the coordinator executes the actions and records their effect with ``apply``.
+No I/O, no clocks, no torch: the tests script signals straight into it, and the simulator can
+replay it.
 
-Generation lifecycle::
+Generation lifecycle (``policy.phase``)::
 
     starting --(all ranks ready)--> running --(member lost / step failed)--> recovering
     recovering --(survivors reported + spares ready)--> running (generation + 1)
     running --(every rank done)--> finished          any --(bug / no copy left)--> stopped
+
+The signals, actions and view live in ``policy.signals``, ``policy.actions`` and ``policy.view``;
+their names are importable from here too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Union
+import enum
+from dataclasses import dataclass
 
+from hotspare.policy.actions import (AbortGeneration, Action, CheckpointNow, Cordon, Fence,
+                                     FormGeneration, Pause, Release, StartSpares, Stop)
 from hotspare.policy.hang import RankActivity, find_hung
+from hotspare.policy.phase import JobPhase
 from hotspare.policy.recovery import plan_recovery
-
+from hotspare.policy.signals import (Checkpointed, Crashed, Done, FailureCause, HealthVerdict, Paused,
+                                     Signal, StepFailed, Tick, WorkerExited, WorkerReady)
+from hotspare.policy.view import (FAILOVER, MIGRATE, QUARANTINE, RETIRE, TAKES_ACTION, ClusterView,
+                                  apply, observe)
 
 ABORT_GRACE_S = 0.5   # after a member is lost, survivors get this long to fail (or finish) on their own
 MAX_BOOT_KILLS = 4    # spares killed while they start, in a row, before the job gives up on spares
 
 
-# ---------------------------------------------------------------------------- signals
-@dataclass(frozen=True)
-class WorkerReady:
-    worker: str
-    role: str                  # "active" (rank known from launch) or "spare"
-    rank: int | None = None
-
-
-@dataclass(frozen=True)
-class WorkerExited:
-    worker: str
-    code: int                  # negative: killed by that signal
-    description: str = ""
-    node_lost: bool = False    # lost with its node agent's link, not seen to exit by itself
-    spare: bool = False        # started as a spare (else as one of the initial ranks)
-
-
-@dataclass(frozen=True)
-class StepFailed:
-    worker: str
-    rank: int
-    gen: int
-    committed: int
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class Crashed:
-    worker: str
-    rank: int
-    gen: int
-    step: int
-    error: str
-    traceback: str = ""
-
-
-@dataclass(frozen=True)
-class Done:
-    worker: str
-    rank: int
-    gen: int
-    step: int
-    digest: str
-
-
-@dataclass(frozen=True)
-class Checkpointed:
-    """A persistent checkpoint of ``step`` finished writing at ``path`` (the last resort)."""
-    step: int
-    path: str
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Periodic: the heartbeat picture the hang detector needs (see policy/hang.py)."""
-    activity: tuple[RankActivity, ...]
-    stalled_for: float         # seconds since the last committed step (or the generation formed)
-    recovering_for: float      # seconds since this recovery began (0 when running)
-    limit: float               # the hang threshold now
-
-
-@dataclass(frozen=True)
-class HealthVerdict:
-    """The health rules judged the device under ``rank`` (see hotspare/health/rules.py)."""
-    device: str
-    rank: int | None
-    action: str                # hotspare.health.types.ACTIONS
-    reason: str
-    trust_memory: bool = True  # False: the rank's state must come from a replica
-    rule: str = ""
-    step: int | None = None    # in-process signals (fingerprint vote, NaN): the step they failed
-    worker: str = ""
-
-
-@dataclass(frozen=True)
-class Paused:
-    """A rank left its generation at a step boundary, as a live migration asked."""
-    worker: str
-    rank: int
-    gen: int
-    committed: int
-
-
-Signal = Union[WorkerReady, WorkerExited, StepFailed, Crashed, Done, Checkpointed, Tick, HealthVerdict, Paused]
-
-
-# ---------------------------------------------------------------------------- actions
-@dataclass(frozen=True)
-class FormGeneration:
-    gen: int
-    members: dict[int, str]    # rank -> worker
-    target: int                # committed step every rank adopts
-    source: int
-    receivers: tuple[int, ...]
-    replacements: dict[int, str] = field(default_factory=dict)   # rank -> spare that takes it
-    restore: str | None = None  # every rank loads this checkpoint instead of receiving from a peer
-    handoff_from: str | None = None  # live migration: this old worker sends its state to the spare
-
-
-@dataclass(frozen=True)
-class AbortGeneration:
-    gen: int
-    ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Fence:
-    """Kill these ranks' processes for sure (process group, SIGKILL) before reassigning them."""
-    ranks: tuple[int, ...]
-    reason: str
-    kind: str = "hang"         # what the failure record calls it: "hang" or "health:<rule>"
-
-
-@dataclass(frozen=True)
-class CheckpointNow:
-    """Ask a surviving rank to write a synchronous checkpoint before the job stops."""
-    rank: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Pause:
-    """Live migration, first half: every rank of ``gen`` leaves it at the next step boundary
-    (agreed inside the gradient exchange, so all stop after the same step); then ``rank``
-    hands its state to ``spare`` directly, its memory still being good."""
-    gen: int
-    rank: int
-    spare: str
-    device: str
-    reason: str
-    rule: str = ""
-
-
-@dataclass(frozen=True)
-class Cordon:
-    """Take a device out of service: no new work; drained, then quarantine diagnostics."""
-    device: str
-    reason: str
-    rule: str = ""
-    retire: bool = False       # a repeat offender: retire it once drained instead of diagnosing
-
-
-@dataclass(frozen=True)
-class StartSpares:
-    count: int
-
-
-@dataclass(frozen=True)
-class Release:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    code: int
-    message: str
-
-
-Action = Union[FormGeneration, AbortGeneration, Fence, CheckpointNow, StartSpares, Release, Stop, Pause, Cordon]
+class ReasonCode(enum.Enum):
+    """What kind of decision it was, for code (the reason's words are for people)."""
+    OTHER = "other"
+    JOB_OVER = "job over"
+    HEALTH_NO_ACTION = "health: report only"            # watch / ignore
+    HEALTH_STOP = "health: fails on every device"
+    HEALTH_CORDON_IDLE = "health: cordon an idle device"
+    HEALTH_ALREADY_FENCING = "health: already fencing"
+    HEALTH_FENCE = "health: fence"
+    HEALTH_DEFERRED = "health: deferred"
+    HEALTH_NO_SPARE = "health: no spare to move to"
+    HEALTH_MIGRATE = "health: migrate"
 
 
 @dataclass(frozen=True)
 class Decision:
     actions: tuple[Action, ...]
     reason: str
+    code: ReasonCode = ReasonCode.OTHER
 
 
-# ---------------------------------------------------------------------------- the view
-@dataclass
-class ClusterView:
-    world_size: int
-    target_spares: int
-    generation: int = 0
-    phase: str = "starting"
-    members: dict[int, str] = field(default_factory=dict)        # rank -> worker, current gen
-    ready_actives: dict[int, str] = field(default_factory=dict)  # before the first generation
-    ready_spares: list[str] = field(default_factory=list)
-    starting: int = 0                                            # spares launched, not ready yet
-    lost: set[int] = field(default_factory=set)                  # ranks of this gen whose worker died
-    reports: dict[int, int] = field(default_factory=dict)        # rank -> committed, this gen's survivors
-    ready_workers: set[str] = field(default_factory=set)         # workers that ever said ready
-    crashes: list[Crashed] = field(default_factory=list)
-    done: dict[int, Done] = field(default_factory=dict)
-    reforms: dict[int, int] = field(default_factory=dict)        # step -> re-forms with nobody lost
-    fenced: set[int] = field(default_factory=set)                # ranks of this gen being fenced
-    aborted: bool = False                                        # this gen was aborted for a stall
-    checkpoint: Checkpointed | None = None                       # newest persistent checkpoint
-    resume: str | None = None                                    # --resume: restore gen 1 from here
-    replacements_left: int | None = None                         # processes we may still start (None: no limit)
-    capacity_wait: float = 60.0                                  # seconds to wait for capacity, then stop
-    stopping: str | None = None                                  # waiting for a last checkpoint, then stop
-    job_step: int = -1                                           # newest step any rank ever committed
-    migrating: Pause | None = None                               # a live migration in flight
-    health_failures: dict[tuple[int, int], list[str]] = field(default_factory=dict)  # (rank, step) -> workers
-    boot_kills: int = 0                                          # spares killed while starting, in a row
-
-    def rank_of(self, worker: str) -> int | None:
-        for r, w in self.members.items():
-            if w == worker:
-                return r
-        return None
-
-
-def observe(view: ClusterView, sig: Signal) -> None:
-    """Record the facts of ``sig`` in ``view`` (no decisions here)."""
-    if isinstance(sig, WorkerReady):
-        view.ready_workers.add(sig.worker)
-        if sig.role == "spare":
-            view.starting = max(0, view.starting - 1)
-            view.boot_kills = 0
-            if sig.worker not in view.ready_spares:
-                view.ready_spares.append(sig.worker)
-        elif sig.rank is not None:
-            view.ready_actives[sig.rank] = sig.worker
-    elif isinstance(sig, WorkerExited):
-        if sig.worker in view.ready_spares:
-            view.ready_spares.remove(sig.worker)
-        elif sig.worker not in view.ready_workers and view.rank_of(sig.worker) is None:
-            view.starting = max(0, view.starting - 1)
-            if sig.spare and sig.code < 0 and not sig.node_lost:
-                view.boot_kills += 1
-        rank = view.rank_of(sig.worker)
-        if rank is not None and view.phase in ("running", "recovering") and rank not in view.done:
-            view.lost.add(rank)
-            view.reports.pop(rank, None)
-            if view.phase == "running":
-                view.phase = "recovering"
-    elif isinstance(sig, StepFailed):
-        if sig.gen == view.generation and view.members.get(sig.rank) == sig.worker:
-            view.reports[sig.rank] = sig.committed
-            if view.phase == "running":
-                view.phase = "recovering"
-    elif isinstance(sig, Paused):
-        if sig.gen == view.generation and view.members.get(sig.rank) == sig.worker:
-            view.reports[sig.rank] = sig.committed
-    elif isinstance(sig, Crashed):
-        view.crashes.append(sig)
-    elif isinstance(sig, Done):
-        if sig.gen == view.generation and view.members.get(sig.rank) == sig.worker:
-            view.done[sig.rank] = sig
-            # A finished rank waits to be released: if another rank is lost now, it counts as a
-            # survivor that has reported its (last) committed step, never as a silent one.
-            view.reports[sig.rank] = sig.step
-    elif isinstance(sig, Checkpointed):
-        if view.checkpoint is None or sig.step >= view.checkpoint.step:
-            view.checkpoint = sig
-
-
-def apply(view: ClusterView, action: Action) -> None:
-    """Record the effect of an executed action."""
-    if isinstance(action, FormGeneration):
-        view.generation = action.gen
-        view.members = dict(action.members)
-        view.ready_spares = [w for w in view.ready_spares if w not in action.replacements.values()]
-        if not view.lost and action.handoff_from is None:
-            view.reforms[action.target + 1] = view.reforms.get(action.target + 1, 0) + (action.gen > 1)
-        view.lost, view.reports, view.done = set(), {}, {}
-        view.fenced, view.aborted = set(), False
-        view.migrating = None
-        view.phase = "running"
-    elif isinstance(action, StartSpares):
-        view.starting += action.count
-        if view.replacements_left is not None:
-            view.replacements_left -= action.count
-    elif isinstance(action, CheckpointNow):
-        view.stopping = action.reason
-    elif isinstance(action, Fence):
-        view.fenced.update(action.ranks)
-    elif isinstance(action, AbortGeneration):
-        view.aborted = True
-    elif isinstance(action, Pause):
-        view.migrating = action
-        view.phase = "recovering"
-    elif isinstance(action, Release):
-        view.phase = "finished"
-    elif isinstance(action, Stop):
-        view.phase = "stopped"
-
-
-# ---------------------------------------------------------------------------- decisions
 def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
-    if view.phase in ("finished", "stopped"):
-        return Decision((), f"job already {view.phase}")
+    if view.phase.over:
+        return Decision((), f"job already {view.phase}", ReasonCode.JOB_OVER)
 
     if isinstance(sig, Tick):
         return _on_tick(view, sig)
@@ -350,7 +101,7 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
                                      f"(the last, {sig.worker}, {sig.description}): something on this node "
                                      "kills new processes (out of memory?); stopping instead of starting more"),),
                             "spares keep dying while they start")
-        if view.phase != "recovering" and _spares_needed(view) > 0:
+        if view.phase is not JobPhase.RECOVERING and _spares_needed(view) > 0:
             actions.append(StartSpares(_spares_needed(view)))
         reasons.append(f"spare {sig.worker} {sig.description or 'was killed'} while it started; "
                        "starting another")
@@ -363,11 +114,11 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
             # own generation, which frees whoever waits for it. The abort is a backstop (Tick).
             reasons.append(f"rank {rank} ({sig.worker}) {sig.description or 'exited'}")
         elif sig.worker in view.ready_workers and view.rank_of(sig.worker) is None:
-            if view.phase != "finished" and _spares_needed(view) > 0:
+            if view.phase is not JobPhase.FINISHED and _spares_needed(view) > 0:
                 actions.append(StartSpares(_spares_needed(view)))
                 reasons.append(f"spare {sig.worker} exited; starting a new one")
 
-    if view.phase == "starting":
+    if view.phase is JobPhase.STARTING:
         if len(view.ready_actives) == view.world_size:
             members = dict(sorted(view.ready_actives.items()))
             if view.resume:
@@ -380,7 +131,7 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
         return Decision(tuple(actions), "; ".join(reasons) or "waiting for ranks to start")
 
     all_done = bool(view.done) and len(view.done) == len(view.members) and not view.lost
-    if view.phase == "recovering" and not (all_done and view.migrating is not None):
+    if view.phase is JobPhase.RECOVERING and not (all_done and view.migrating is not None):
         d = _recover(view)
         actions += d.actions
         reasons.append(d.reason)
@@ -391,54 +142,53 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
     return Decision(tuple(actions), "; ".join(reasons) or "nothing to do")
 
 
-MIGRATE, FAILOVER, QUARANTINE, RETIRE = "migrate", "failover", "quarantine", "retire"
-
-
 def _on_health(view: ClusterView, v: HealthVerdict) -> Decision:
     """Act on a health verdict: live-migrate a rank whose device still computes correctly,
     fail over one whose memory is not trusted, and cordon the device either way."""
     what = f"{v.device} ({v.rule}): {v.reason}"
-    if v.action not in (MIGRATE, FAILOVER, QUARANTINE, RETIRE):
-        return Decision((), f"{v.action}: {what}")
+    if v.action not in TAKES_ACTION:
+        return Decision((), f"{v.action}: {what}", ReasonCode.HEALTH_NO_ACTION)
     rank = v.rank if v.rank in view.members and v.rank not in view.lost else None
     cordon = Cordon(v.device, v.reason, v.rule, retire=v.action == RETIRE)
-    if v.step is not None and rank is not None:
-        seen = view.health_failures.setdefault((rank, v.step), [])
-        if v.worker not in seen:
-            seen.append(v.worker)
-        if len(seen) >= 2:
-            msg = (f"rank {rank} failed the health check at step {v.step} on worker {seen[0]} and again on "
-                   f"replacement {seen[-1]} ({v.reason}). Faulty hardware does not follow a rank to a new "
-                   "device: this looks like a numerical problem in the script or its data (e.g. a NaN "
-                   "from this rank's batch), so hotspare stops instead of failing over forever.")
-            return Decision((Stop(1, msg),), f"step {v.step} of rank {rank} fails on every device")
-    if rank is None or view.phase not in ("running", "recovering"):
-        return Decision((cordon,), f"{v.action}: {what}; no rank runs there: cordoning the device")
+    seen = view.health_failures.get((rank, v.step), []) if v.step is not None and rank is not None else []
+    if len(seen) >= 2:          # (observe recorded this verdict's worker)
+        msg = (f"rank {rank} failed the health check at step {v.step} on worker {seen[0]} and again on "
+               f"replacement {seen[-1]} ({v.reason}). Faulty hardware does not follow a rank to a new "
+               "device: this looks like a numerical problem in the script or its data (e.g. a NaN "
+               "from this rank's batch), so hotspare stops instead of failing over forever.")
+        return Decision((Stop(1, msg),), f"step {v.step} of rank {rank} fails on every device",
+                        ReasonCode.HEALTH_STOP)
+    if rank is None or not view.phase.active:
+        return Decision((cordon,), f"{v.action}: {what}; no rank runs there: cordoning the device",
+                        ReasonCode.HEALTH_CORDON_IDLE)
     if v.action == FAILOVER or not v.trust_memory:
         if rank in view.fenced:
-            return Decision((), f"rank {rank} already being fenced: {what}")
+            return Decision((), f"rank {rank} already being fenced: {what}", ReasonCode.HEALTH_ALREADY_FENCING)
         reason = f"rank {rank} on {what}; its memory is not trusted: fencing it, state from a healthy replica"
-        return Decision((Fence((rank,), reason, kind=f"health:{v.rule}"), cordon), reason)
-    if view.phase != "running" or view.migrating is not None:
-        return Decision((), f"{v.action} of rank {rank} deferred (job {view.phase}): {what}")
+        return Decision((Fence((rank,), reason, FailureCause.HEALTH, v.rule), cordon), reason,
+                        ReasonCode.HEALTH_FENCE)
+    if view.phase is not JobPhase.RUNNING or view.migrating is not None:
+        return Decision((), f"{v.action} of rank {rank} deferred (job {view.phase}): {what}",
+                        ReasonCode.HEALTH_DEFERRED)
     if not view.ready_spares:
         return Decision((), f"rank {rank} should move off {v.device} but no warm spare is ready: "
-                            f"reported only; {v.reason}")
+                            f"reported only; {v.reason}", ReasonCode.HEALTH_NO_SPARE)
     spare = view.ready_spares[0]
     reason = (f"rank {rank} on {what}; live-migrating it to spare {spare} at the next step boundary "
               "(its memory is still good)")
-    return Decision((Pause(view.generation, rank, spare, v.device, reason, v.rule), cordon), reason)
+    return Decision((Pause(view.generation, rank, spare, v.device, reason, v.rule), cordon), reason,
+                    ReasonCode.HEALTH_MIGRATE)
 
 
 def _on_tick(view: ClusterView, tick: Tick) -> Decision:
-    if view.phase == "running":
+    if view.phase is JobPhase.RUNNING:
         active = tuple(a for a in tick.activity if a.rank not in view.fenced)
         hung, reason = find_hung(active, tick.stalled_for, tick.limit)
         if hung:
             return Decision((Fence(hung, reason),), reason)
         if reason and not view.aborted:
             return Decision((AbortGeneration(view.generation, tuple(sorted(view.members))),), reason)
-    elif view.phase == "recovering":
+    elif view.phase is JobPhase.RECOVERING:
         silent = tuple(sorted(set(view.members) - view.lost - set(view.reports) - view.fenced))
         # A live migration waits for the step in flight to end (up to the hang limit); a
         # failure frees the blocked survivors at once.
@@ -458,7 +208,7 @@ def _on_tick(view: ClusterView, tick: Tick) -> Decision:
         if (not silent and view.stopping is None and view.replacements_left == 0 and view.starting == 0
                 and len(view.ready_spares) < len(view.lost) and tick.recovering_for >= view.capacity_wait):
             return _stop_for_capacity(view)
-    if view.stopping and view.phase == "recovering" and tick.recovering_for >= view.capacity_wait + 60:
+    if view.stopping and view.phase is JobPhase.RECOVERING and tick.recovering_for >= view.capacity_wait + 60:
         return Decision((Stop(1, f"{view.stopping} The last checkpoint could not be written in time."),),
                         "gave up waiting for the last checkpoint")
     return Decision((), "")
@@ -555,4 +305,8 @@ def _bug_message(first: Crashed, again: Crashed) -> str:
             f"{again.traceback.rstrip() or again.error}")
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "Union")]
+__all__ = ["ABORT_GRACE_S", "MAX_BOOT_KILLS", "FAILOVER", "MIGRATE", "QUARANTINE", "RETIRE", "TAKES_ACTION",
+           "AbortGeneration", "Action", "CheckpointNow", "Checkpointed", "ClusterView", "Cordon", "Crashed",
+           "Decision", "Done", "FailureCause", "Fence", "FormGeneration", "HealthVerdict", "JobPhase", "Pause",
+           "Paused", "RankActivity", "ReasonCode", "Release", "Signal", "StartSpares", "StepFailed", "Stop",
+           "Tick", "WorkerExited", "WorkerReady", "apply", "decide", "observe"]

@@ -40,7 +40,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "ready": {"worker": _STR, "committed": _INT},
     # "step", "joining" and "transfer" are fault triggers: while faults are armed ("watch") they
     # carry a "wait" sequence number, and the worker goes on only once the agent answers "go"
-    # with it, so an injected fault lands exactly there (hotspare.agent.inject)
+    # with it, so an injected fault lands exactly there (hotspare.testing.faults)
     "step": {"gen": _INT, "rank": _INT, "step": _INT},        # only while the agent watches steps
     "reducing": {"gen": _INT, "rank": _INT, "step": _INT},    # the answer to a probe
     "joining": {"gen": _INT, "rank": _INT},
@@ -78,7 +78,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "spawn": {"worker": _STR, "role": _STR, "rank": _OPT_INT, "device": _OPT_STR},
     "kill": {"worker": _STR, "signal": _INT, "group": _BOOL},
     "deliver": {"worker": _STR, "msg": _DICT},               # for a worker's control channel
-    "arm": {"id": _INT, "spec": _STR, "running": _BOOL},    # a fault to inject (hotspare.agent.inject)
+    "arm": {"id": _INT, "spec": _STR, "running": _BOOL},    # a fault to inject (hotspare.testing.faults)
     "disarm": {"id": _INT},                                  # it fired on another node
     "shutdown": {"grace": _NUM},                             # end the workers, then close the link
     # operator (hotspare inject) <-> launcher

@@ -1,7 +1,7 @@
 """The one seam where a testing plug-in acts inside a worker.
 
 Production workers use ``WorkerHooks`` itself, whose methods do nothing. The fault-injection
-plug-in (``hotspare.faults.worker``, loaded only when the launcher enabled injection) subclasses
+plug-in (``hotspare.testing.faults.worker``, loaded only when the launcher enabled injection) subclasses
 it to report triggers to its agent and to carry out the faults a worker does to itself.
 """
 from __future__ import annotations

@@ -183,7 +183,7 @@ class Job:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
         self.link = AgentLink(env.agent, env.worker, env.role, where=self._where)
         if env.faults:        # the testing plug-in; registered before the agent's first message
-            from hotspare.faults.worker import FaultHooks
+            from hotspare.testing.faults.worker import FaultHooks
             self.hooks = FaultHooks(self.link, self._fault_targets, lambda: self.rank)
         self.link.connect()   # says hello
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,

@@ -9,7 +9,7 @@ What the agent sends falls in three groups:
   ``pause`` (a live migration: leave after the next agreed step), ``probe`` (the job stalls:
   say which step this rank is reducing);
 * **plug-in messages**, handled by whoever registered for them with ``on`` (only the
-  fault-injection plug-in, ``hotspare.faults``, does).
+  fault-injection plug-in, ``hotspare.testing.faults.worker``, does).
 
 Anything else is logged and dropped: a message nobody expects never reaches the training loop.
 """

@@ -1,4 +1,4 @@
-"""Fault injection with real signals on real processes.
+"""The fault grammar: ``--inject`` and ``hotspare inject`` specs, parsed into ``Fault``.
 
 Grammar (one ``--inject`` per fault)::
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-import threading
 
 from hotspare.errors import ConfigError
 
@@ -202,39 +201,3 @@ def _parse_health(spec: str, kind: str, fields: dict[str, str], world_size: int 
             raise ConfigError(f"--inject {spec!r}: factor must be > 1 (how many times slower) and <= 100")
     step = integer("step") if "step" in fields else None
     return Fault(kind, rank, step, params=params)
-
-
-class Injector:
-    """Decides, on each heartbeat, whether a fault fires now."""
-
-    def __init__(self, faults: list[Fault]):
-        self.faults = faults
-        self.max_step = -1            # the newest step any rank has started
-        self._lock = threading.Lock()
-
-    def add(self, fault: Fault) -> None:
-        """A fault given to the running job (``hotspare inject``)."""
-        with self._lock:
-            self.faults.append(fault)
-
-    def pending(self) -> bool:
-        """Some fault has not fired yet: the agent must see every step begin."""
-        with self._lock:
-            return any(not f.fired for f in self.faults)
-
-    def at_step(self, rank: int, step: int) -> Fault | None:
-        self.max_step = max(self.max_step, step)
-        return self._take(lambda f: f.phase is None and f.rank == rank
-                          and (f.step == step or (f.step is None and (f.kind not in PROCESS_FAULTS or f.now))))
-
-    def at_phase(self, rank: int, phase: str, gen: int) -> Fault | None:
-        return self._take(lambda f: f.phase == phase and f.rank == rank and self.max_step >= f.after
-                          and (gen == f.gen if f.gen is not None else gen >= 2))
-
-    def _take(self, match) -> Fault | None:
-        with self._lock:
-            for f in self.faults:
-                if not f.fired and match(f):
-                    f.fired = True
-                    return f
-        return None

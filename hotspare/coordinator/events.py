@@ -1,0 +1,144 @@
+"""The coordinator's events: what reaches its queue, typed, each decoded once where it arrives.
+
+Node agents' messages are decoded by the node endpoint (``coordinator.nodes``, with ``decode``
+below), operator commands by the control endpoint (``coordinator.control``), telemetry by the
+poller and stop signals by the launcher. The coordinator's one thread consumes them in order
+(``Coordinator.handle``). ``t`` is when it happened, on the coordinator's clock (an agent's time
+stamp, if sane, for what a worker said).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Union
+
+from hotspare.errors import ProtocolError
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.messages import FROM_WORKER, Message, validate
+
+
+@dataclass(frozen=True)
+class NodeConnected:
+    """A node agent proved the job secret (``agent_hello``); not yet accepted."""
+    node: str
+    hello: Message
+    channel: Channel
+    t: float
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """The link ``channel`` to ``node`` closed (the channel tells it from a later link of that name)."""
+    node: str
+    channel: Channel
+    t: float
+
+
+@dataclass(frozen=True)
+class AgentRefused:
+    """A node agent could not carry out a command."""
+    node: str
+    command: str
+    message: str
+    t: float
+
+
+@dataclass(frozen=True)
+class WorkerStarted:
+    worker: str
+    pid: int
+    t: float
+
+
+@dataclass(frozen=True)
+class WorkerStopped:
+    """The kernel reports the worker's process stopped (SIGSTOP) or continued."""
+    worker: str
+    stopped: bool
+    t: float
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    """The worker's process ended with ``code`` (negative: killed by that signal)."""
+    worker: str
+    code: int
+    t: float
+
+
+@dataclass(frozen=True)
+class WorkerSaid:
+    """A worker's own message (a ``FROM_WORKER`` type, schema-checked), relayed by its agent."""
+    worker: str
+    msg: Message
+    t: float
+
+    @property
+    def type(self) -> str:
+        return self.msg["type"]
+
+
+@dataclass(frozen=True)
+class FaultInjected:
+    """An agent carried out an injected fault (only with the fault plug-in, hotspare.testing.faults)."""
+    worker: str
+    fault: str
+    ident: int
+    t: float
+
+
+@dataclass(frozen=True)
+class Readings:
+    """A telemetry poll (hotspare.health.telemetry.Poller)."""
+    readings: Any
+    t: float
+
+
+@dataclass(frozen=True)
+class OperatorCommand:
+    """An authenticated operator command; ``reply`` takes the answer (a ``control_reply``)."""
+    msg: Message
+    origin: str
+    reply: Callable[[Message], None]
+    t: float
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """SIGTERM or SIGINT reached the launcher: stop after a last checkpoint, exit ``code``."""
+    signal: str
+    code: int
+    t: float
+
+
+Event = Union[NodeConnected, NodeLost, AgentRefused, WorkerStarted, WorkerStopped, WorkerExited,
+              WorkerSaid, FaultInjected, Readings, OperatorCommand, Preempt]
+
+# the events about one worker, which a node may send only for its own workers
+WORKER_EVENTS = (WorkerStarted, WorkerStopped, WorkerExited, WorkerSaid, FaultInjected)
+
+
+def _relay(node: str, msg: Message, t: Callable[[float], float]) -> WorkerSaid:
+    inner = validate(msg["msg"])
+    if inner["type"] not in FROM_WORKER or inner.get("worker", msg["worker"]) != msg["worker"]:
+        raise ProtocolError(f"a relayed {inner['type']!r} is not a message worker {msg['worker']} may send")
+    return WorkerSaid(msg["worker"], inner, t(msg["t"]))
+
+
+# agent message type -> its event (``t(stamp)``: the agent's time stamp, checked; ``now``: arrival)
+_DECODE: dict[str, Callable[[str, Message, Callable[[float], float], float], Event]] = {
+    "relay": lambda node, m, t, now: _relay(node, m, t),
+    "exited": lambda node, m, t, now: WorkerExited(m["worker"], m["code"], now),
+    "started": lambda node, m, t, now: WorkerStarted(m["worker"], m["pid"], now),
+    "stopped": lambda node, m, t, now: WorkerStopped(m["worker"], m["stopped"], now),
+    "injected": lambda node, m, t, now: FaultInjected(m["worker"], m["fault"], m["id"], t(m["t"])),
+    "refused": lambda node, m, t, now: AgentRefused(node, m["command"], m["message"], now),
+}
+
+
+def decode(node: str, msg: Message, stamp: Callable[[float], float], now: float) -> Event:
+    """The event an agent's (schema-checked) message stands for; ProtocolError if it is not an
+    agent's message or not a worker's message inside a relay."""
+    decoder = _DECODE.get(msg["type"])
+    if decoder is None:
+        raise ProtocolError("not an agent message")
+    return decoder(node, msg, stamp, now)
