@@ -221,7 +221,7 @@ def test_faults_go_to_every_node_and_fire_once(link):
     e = next_event(events, {ev.FaultInjected}, skipped=skipped)
     assert (e.worker, e.fault, e.ident) == (w1, "kill:rank=1:step=5", ident)
     assert fa.injector.pending() and not fb.injector.pending()
-    assert a.base_env["HOTSPARE_FAULTS"] == "1"                 # the worker side loads its plug-in
+    assert a.job_env.faults and a.job_env.to_env()["HOTSPARE_FAULTS"] == "1"   # the worker side loads its plug-in
 
     def said(who, step):
         return any(isinstance(x, ev.WorkerSaid) and (x.worker, x.msg.get("step")) == (who, step) for x in skipped)

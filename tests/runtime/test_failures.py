@@ -35,12 +35,23 @@ def test_typed_failures_an_aborted_generation_and_noted_collectives_are_peer_fai
     assert not c.is_peer_failure(_raise(ValueError("what backward raised")), group_aborted=False)
 
 
-def _peer(port, ready):
+def _rank(rank, port, ready, results):
     os.environ["OMP_NUM_THREADS"] = "1"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     dist.all_reduce(torch.ones(4))
-    ready.wait(30)
-    os._exit(1)                       # dies while rank 0 waits in its next collective
+    if rank == 1:
+        ready.wait(30)
+        os._exit(1)                   # dies while rank 0 waits in its next collective
+    ready.set()
+    try:
+        dist.all_reduce(torch.ones(1 << 16))
+        results.put("the collective survived its peer's death")
+    except RuntimeError as e:
+        results.put((type(e).__name__, raised_in_torch_distributed(e),
+                     Collectives().is_peer_failure(e, group_aborted=False)))
+    results.close()
+    results.join_thread()             # flushed before the abrupt exit (gloo's threads are still up)
+    os._exit(0)
 
 
 def test_a_collective_the_script_issues_fails_inside_torch_distributed_when_a_peer_dies():
@@ -50,20 +61,14 @@ def test_a_collective_the_script_issues_fails_inside_torch_distributed_when_a_pe
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    peer = ctx.Process(target=_peer, args=(port, ready), daemon=True)
-    peer.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+    ready, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, port, ready, results), daemon=True) for r in (0, 1)]
+    for p in procs:
+        p.start()
     try:
-        dist.all_reduce(torch.ones(4))
-        ready.set()
-        try:
-            dist.all_reduce(torch.ones(1 << 16))
-            raise AssertionError("the collective survived its peer's death")
-        except RuntimeError as e:
-            err = e
-        assert raised_in_torch_distributed(err), err
-        assert Collectives().is_peer_failure(err, group_aborted=False)
+        assert results.get(timeout=60) == ("RuntimeError", True, True)
     finally:
-        peer.join(30)
-        dist.destroy_process_group()
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
