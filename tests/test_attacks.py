@@ -281,9 +281,12 @@ def test_a_flood_of_refused_connections_does_not_flood_the_log(capfd):
 
 
 EMFILE_SCRIPT = textwrap.dedent("""
-    import os, resource, socket, sys, time
-    from hotspare.protocol import auth
+    import os, resource, socket, sys, threading, time
+    from hotspare.protocol import auth, listen
     from hotspare.protocol.listen import Listener
+    refused = threading.Event()           # the accept loop met EMFILE and said so
+    say = listen._say
+    listen._say = lambda line: (say(line), "cannot accept" in line and refused.set())
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     server = socket.create_server(("127.0.0.1", 0))
     got = []
@@ -296,8 +299,8 @@ EMFILE_SCRIPT = textwrap.dedent("""
     except OSError:
         pass
     print(server.getsockname()[1], flush=True)
-    sys.stdin.readline()                     # the client connected meanwhile: accept hits EMFILE
-    time.sleep(0.5)
+    sys.stdin.readline()                     # the client is connecting: accept hits EMFILE
+    refused.wait(30)                         # (however loaded the machine, before the fds come back)
     for fd in hog:
         os.close(fd)
     deadline = time.time() + 20
