@@ -67,13 +67,15 @@ def describe_exit(code: int) -> str:
 class NodeAgent:
     def __init__(self, cmd: list[str], base_env: dict[str, str], coordinator: str, secret: bytes,
                  node: str | None = None, host: str = "127.0.0.1", devices: list[str] | None = None,
-                 device_fault: Callable[[str, Fault], None] | None = None, spawn: str = "fork"):
+                 device_fault: Callable[[str, Fault], None] | None = None, spawn: str = "fork",
+                 uplink: Channel | None = None):
         """Start serving workers on ``host`` and connect to the coordinator at ``coordinator``
         (host:port), proving ``secret`` (the job's). ``devices``: the node's device slots
         ("host/cpu0"...); the coordinator places each worker on one. ``device_fault(device, fault)`` carries out injected device
         faults (simulated telemetry). ``spawn``: "fork" forks workers from a zygote that has
         imported torch (``hotspare.agent.zygote``) where ``cmd`` allows, "exec" starts each as a
-        fresh interpreter."""
+        fresh interpreter. ``uplink``: a link to the coordinator already authenticated (a remote
+        agent's, ``hotspare.agent.remote``) instead of connecting here."""
         if spawn not in SPAWN_METHODS:
             raise ConfigError(f"spawn method {spawn!r} unknown; use one of {', '.join(SPAWN_METHODS)}")
         self.cmd = cmd
@@ -98,8 +100,9 @@ class NodeAgent:
         server = bound_server(host)
         self.port = server.getsockname()[1]
         self._listener = Listener(server, self._handshake, self._serve, "agent-accept")
-        self.uplink = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=self.node,
-                                   pid=os.getpid(), devices=self.devices, device_faults=device_fault is not None)
+        self.uplink = uplink or auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=self.node,
+                                             pid=os.getpid(), devices=self.devices,
+                                             device_faults=device_fault is not None)
         if spawn == "fork" and forkable(cmd):    # it imports in the background until the first spawn
             try:
                 self.zygote = Zygote(base_env, preload=preload_for(cmd[1]))
@@ -264,6 +267,10 @@ class NodeAgent:
                 self.kill(w)
                 wp.reaped.wait()
         self.close()
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Block until the agent has closed (shut down, or its coordinator gone)."""
+        return self._closed.wait(timeout)
 
     def close(self) -> None:
         if self._closed.is_set():

@@ -19,13 +19,16 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hotspare.errors import ProtocolError
 from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.listen import Listener, bound_server
 from hotspare.protocol.messages import FROM_WORKER, MAX_LINE, Message, make, validate
+
+if TYPE_CHECKING:
+    from hotspare.coordinator.lease import Leases
 
 MAX_SKEW_S = 300.0         # an agent's event time may be this far from the coordinator's clock
 
@@ -74,10 +77,15 @@ class NodeEndpoint:
     ``owner(worker)``: the node the coordinator placed ``worker`` on (None: no such worker)."""
 
     def __init__(self, events: "queue.Queue", secret: bytes, owner: Callable[[str], str | None],
-                 host: str = "127.0.0.1", port: int = 0):
+                 host: str = "127.0.0.1", port: int = 0, welcome: Callable[[Message], Message] | None = None,
+                 leases: "Leases | None" = None):
+        """``welcome(hello)``: the first message to each agent that connects (remote agents learn the
+        job from it); ``leases``: the nodes here hold leases (``hotspare.coordinator.lease``) they
+        renew, and a node whose lease expires is lost as one whose link closed."""
         self.events = events
         self._key = auth.node_key(secret)
         self._owner = owner
+        self._welcome, self.leases = welcome, leases
         server = bound_server(host, port)
         self.address = f"{host}:{server.getsockname()[1]}"
         # A relay wraps a worker's line (at most MAX_LINE on the agent's worker port): room for both.
@@ -96,6 +104,13 @@ class NodeEndpoint:
 
     def _serve(self, ch: Channel, hello: Message) -> None:
         node = hello["node"]
+        if self._welcome is not None:
+            try:
+                ch.send(self._welcome(hello))
+            except OSError:
+                return
+        if self.leases is not None:
+            self.leases.add(node, ch)
         self.events.put(("node", node, (hello, ch), time.time()))
         while True:
             try:
@@ -107,8 +122,16 @@ class NodeEndpoint:
             except OSError:
                 msg = None
             if msg is None:       # the payload tells this link from a later one of the same name
-                self.events.put(("node_lost", node, ch, time.time()))
+                if self.leases is None or self.leases.release(ch):     # else: lost already, by its lease
+                    self.events.put(("node_lost", node, ch, time.time()))
                 return
+            if msg["type"] == "renew" and self.leases is not None:
+                if self.leases.renew(ch):
+                    try:
+                        ch.send(make("renewed", seq=msg["seq"]))
+                    except OSError:
+                        pass
+                continue
             try:
                 self._event(node, msg)
             except ProtocolError as e:
@@ -171,6 +194,9 @@ class Nodes:
         name = hello["node"]
         if name in self.nodes and not self.nodes[name].lost:
             raise ProtocolError(f"a node named {name!r} is already connected")
+        if name in self.nodes:     # its old workers are gone or fenced: a new link must not speak for them
+            raise ProtocolError(f"node {name!r} was declared lost; a host that comes back joins as a new "
+                                "node (hotspare agent --name ANOTHER)")
         node = Node(name, channel, [str(d) for d in hello["devices"]], hello["device_faults"], hello["pid"])
         self.nodes[name] = node
         for ident, (spec, running) in self.armed.items():
