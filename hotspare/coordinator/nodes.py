@@ -59,6 +59,7 @@ class Node:
     device_faults: bool
     pid: int
     lost: bool = False
+    lost_at: float | None = None     # lost while the job ran (not in its shutdown)
     workers: set[str] = field(default_factory=set)
 
 
@@ -183,6 +184,7 @@ class Nodes:
         self._ids = itertools.count()
         self._arms = itertools.count()
         self.armed: dict[int, tuple[str, bool]] = {}     # faults not fired yet: id -> (spec, running)
+        self.ending = False                              # shutdown asked: links closing now are no loss
 
     # ------------------------------------------------------------------ links
     def owner(self, worker: str) -> str | None:
@@ -210,6 +212,8 @@ class Nodes:
         if node is None or node.lost or (channel is not None and channel is not node.channel):
             return []
         node.lost = True
+        if not self.ending:
+            node.lost_at = time.time()
         return [w for w in sorted(node.workers) if self.workers[w].exit_code is None]
 
     def _tell(self, node: Node, msg: Message) -> bool:
@@ -313,13 +317,15 @@ class Nodes:
         return info
 
     def describe(self) -> dict[str, Any]:
-        """For the report: each node's device slots and every worker it ran."""
-        return {n.name: {"devices": n.devices, "lost": n.lost, "workers": [
+        """For the report: each node's device slots, whether (and when) it was lost while the job
+        ran, and every worker it ran."""
+        return {n.name: {"devices": n.devices, "lost": n.lost_at is not None, "lost_at": n.lost_at, "workers": [
             {"worker": w, "role": self.workers[w].role, "rank": self.workers[w].rank,
              "device": self.workers[w].device, "exit_code": self.workers[w].exit_code}
             for w in sorted(n.workers, key=lambda w: int(w[1:]))]} for n in self.nodes.values()}
 
     def shutdown(self, grace: float) -> None:
         """Ask every agent to end its workers (SIGKILL after ``grace`` seconds) and close."""
+        self.ending = True
         for node in self.live_nodes():
             self._tell(node, make("shutdown", grace=grace))

@@ -17,6 +17,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 
 SUBNET = "10.77.0"
@@ -108,6 +110,22 @@ class Hosts:
 
     def heal(self, name: str) -> None:
         _ip("-n", self.hub, "link", "set", self.hosts[name].port, "up")
+        for ns in (self.hub, self.hosts[name].ns):      # forget the neighbours that failed meanwhile
+            _ip("-n", ns, "neigh", "flush", "all", check=False)
+
+    def reachable(self, name: str, timeout: float = 10.0) -> bool:
+        """Wait until host ``name`` reaches the hub: a TCP connect to a closed port there is
+        answered (refused) once the link carries traffic again (bounded retries)."""
+        probe = ("import socket, sys\n"
+                 "try: socket.create_connection((sys.argv[1], 9), timeout=1)\n"
+                 "except ConnectionRefusedError: pass\n")
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            done = subprocess.run(self.argv(self.hosts[name].ns, [sys.executable, "-c", probe, self.hub_addr]),
+                                  capture_output=True)
+            if done.returncode == 0:
+                return True
+        return False
 
     def close(self) -> None:
         for ns in reversed(self._made):
