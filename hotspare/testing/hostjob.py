@@ -69,7 +69,7 @@ class Output:
 class HostJob:
     def __init__(self, net: Hosts, secret_file: str, report: str, script_args: list[str], nproc: int = 4,
                  spares: int = 2, devices: int = 2, extra: list[str] = (), env: dict[str, str] | None = None,
-                 echo: bool = bool(os.environ.get("HOTSPARE_TEST_ECHO"))):
+                 echo: bool = False):
         self.net, self.secret_file, self.report_path = net, secret_file, report
         self.env = {"PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)), "OMP_NUM_THREADS": "1", **(env or {})}
         self.address = f"{net.hub_addr}:{PORT}"
