@@ -28,13 +28,16 @@ class AgentLease:
     """``send(msg)`` sends on the uplink; ``fence(silent_s)`` is called once, from this object's
     thread, when the lease has run out (``silent_s``: seconds since the last answered renewal was sent)."""
 
-    def __init__(self, lease: float, send: Callable[[Message], None], fence: Callable[[float], None]):
+    def __init__(self, lease: float, send: Callable[[Message], None], fence: Callable[[float], None],
+                 granted_at: float | None = None):
+        """``granted_at``: when the first lease began, on this side (monotonic): before the hello
+        went out, so before the coordinator can have started counting it."""
         self.lease = lease
         self._send, self._fence = send, fence
         self._seq = itertools.count()
         self._sent: dict[int, float] = {}
         self._lock = threading.Condition()
-        self._granted_from = time.monotonic()      # the welcome: the lease starts with the link
+        self._granted_from = time.monotonic() if granted_at is None else granted_at
         self._until = valid_until(self._granted_from, lease)
         self._stopped = False
         self.fenced = threading.Event()

@@ -16,6 +16,7 @@ import queue
 import secrets
 import sys
 import threading
+import time
 from typing import Callable
 
 from hotspare.agent.agent import NodeAgent
@@ -102,6 +103,7 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
         print(f"hotspare agent {node}: {line}", file=sys.stderr, flush=True)
 
     nonce = secrets.token_hex(16)
+    hello_at = time.monotonic()        # this side's lease counts from before the hello went out
     try:
         ch = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=node, pid=os.getpid(),
                           devices=devices, device_faults=False, nonce=nonce)
@@ -131,7 +133,7 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
             f"was sent): killing this node's {len(agent.alive())} worker(s) and leaving the job")
         agent.shutdown(grace=0.0)
 
-    lease = AgentLease(float(welcome["lease"]), send=ch.send, fence=fence)
+    lease = AgentLease(float(welcome["lease"]), send=ch.send, fence=fence, granted_at=hello_at)
     uplink = LeasedUplink(ch, lease, on_refused)
     agent = NodeAgent(cmd, env, coordinator, secret, node=node, devices=devices, spawn=spawn,
                       uplink=uplink)  # type: ignore[arg-type]   # a Channel's send/recv/close
@@ -144,5 +146,5 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
         return EXIT_FENCED
     if refused:
         raise ProtocolError(f"the coordinator at {coordinator} refused node {node}: {refused[0]}")
-    say("the job ended; leaving")
+    say("the job ended (or the launcher is gone); this node's workers are ended")
     return 0

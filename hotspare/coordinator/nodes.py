@@ -95,6 +95,8 @@ class NodeEndpoint:
 
     def close(self) -> None:
         self._listener.close()
+        if self.leases is not None:
+            self.leases.close()
 
     def _handshake(self, ch: Channel) -> Message:
         try:

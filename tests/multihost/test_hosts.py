@@ -62,7 +62,7 @@ def test_host_killed_mid_run_fails_over_to_the_spare_host(net, secret_file, refe
     assert_equal_to_reference(code, report, job, reference, 2)
     assert report["nodes"]["hostb"]["lost"] and not report["nodes"]["hosta"]["lost"]
     lost = {f["worker"] for f in report["failures"]}
-    assert lost == workers_of(report, "hostb") & lost and {f["rank"] for f in report["failures"]} == {2, 3}
+    assert lost <= workers_of(report, "hostb") and {f["rank"] for f in report["failures"]} == {2, 3}
     assert all(f["kind"] == "node lost" and f["lost_steps"] == 0 for f in report["failures"])
     # the replacements are the spares of the spare host
     assert {f["replacement"] for f in report["failures"]} <= workers_of(report, "hostc")
