@@ -61,13 +61,15 @@ class WorkerProc:
 class NodeAgent:
     def __init__(self, cmd: list[str], base_env: dict[str, str], coordinator: str, secret: bytes,
                  node: str | None = None, host: str = "127.0.0.1", devices: list[str] | None = None,
-                 spawn: str = "fork", faults=None):
+                 spawn: str = "fork", faults=None, uplink: Channel | None = None):
         """Start serving workers on ``host`` and connect to the coordinator at ``coordinator``
         (host:port), proving ``secret`` (the job's). ``devices``: the node's device slots
         ("host/cpu0"...); the coordinator places each worker on one. ``spawn``: "fork" forks
         workers from a zygote that has imported torch (``hotspare.agent.zygote``) where ``cmd``
         allows, "exec" starts each as a fresh interpreter. ``faults``: the fault-injection
-        plug-in (``hotspare.testing.faults.AgentFaults``), for tests and drills; None in production."""
+        plug-in (``hotspare.testing.faults.AgentFaults``), for tests and drills; None in production.
+        ``uplink``: a link to the coordinator already authenticated (a remote agent's,
+        ``hotspare.agent.remote``) instead of connecting here."""
         if spawn not in SPAWN_METHODS:
             raise ConfigError(f"spawn method {spawn!r} unknown; use one of {', '.join(SPAWN_METHODS)}")
         self.cmd = cmd
@@ -100,9 +102,9 @@ class NodeAgent:
         server = bound_server(host)
         self.port = server.getsockname()[1]
         self._listener = Listener(server, self._handshake, self._serve, "agent-accept")
-        self.uplink = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=self.node,
-                                   pid=os.getpid(), devices=self.devices,
-                                   device_faults=faults is not None and faults.device_faults)
+        self.uplink = uplink or auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=self.node,
+                                             pid=os.getpid(), devices=self.devices,
+                                             device_faults=faults is not None and faults.device_faults)
         if spawn == "fork" and forkable(cmd):    # it imports in the background until the first spawn
             try:
                 self.zygote = Zygote(base_env, preload=preload_for(cmd[1]))
@@ -254,6 +256,10 @@ class NodeAgent:
                 self.kill(w)
                 wp.reaped.wait()
         self.close()
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Block until the agent has closed (shut down, or its coordinator gone)."""
+        return self._closed.wait(timeout)
 
     def close(self) -> None:
         if self._closed.is_set():

@@ -13,6 +13,7 @@ import sys
 
 SUBCOMMANDS = [
     ("run", "hotspare.cli.run"),
+    ("agent", "hotspare.cli.agent"),     # a node agent on another host
     ("demo", "hotspare.cli.demo"),
     ("chaos", "hotspare.cli.chaos"),
     ("plan", "hotspare.cli.plan"),

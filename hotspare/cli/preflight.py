@@ -49,7 +49,7 @@ def node_slots() -> int:
 def preflight(cfg: RunConfig) -> Preflight:
     nproc, spares = cfg.launch.nproc, cfg.capacity.spares
     slots = node_slots()
-    if nproc + spares > slots and not cfg.launch.oversubscribe:
+    if nproc + spares > slots and not cfg.launch.oversubscribe and cfg.local_nodes:
         raise ConfigError(f"--nproc {nproc} + --spares {spares} is more than this node's {slots} "
                           "process slots (one per GPU, or 4 per CPU core): lower them, or pass --oversubscribe "
                           "if you mean it")

@@ -140,11 +140,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(e)
     # The launcher hosts the rendezvous store, so it outlives any worker; on --master-addr only.
-    store = master_store(launch.master_addr, launch.master_port)
+    store = master_store(cfg.store_addr, launch.master_port)
     # The workers inherit this environment, less any stale worker contract, plus torchrun's
     # variables and the job's part of the contract (the agents add each worker's own part).
     env = without_contract(os.environ)
-    env.update(WORLD_SIZE=str(launch.nproc), LOCAL_WORLD_SIZE=str(launch.nproc), MASTER_ADDR=launch.master_addr,
+    env.update(WORLD_SIZE=str(launch.nproc), LOCAL_WORLD_SIZE=str(launch.nproc), MASTER_ADDR=cfg.store_addr,
                MASTER_PORT=str(store.port), ROLE_WORLD_SIZE=str(launch.nproc), GROUP_WORLD_SIZE="1", GROUP_RANK="0",
                TORCHELASTIC_RUN_ID="hotspare", PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
     agents = _agents(cfg, env, endpoint.address, secret, health.devices if health else None,
                      _device_fault(source, log) if source is not None else None, injecting(cfg))
+    remote = _remote_endpoint(cfg, env, events, secret, coord, log)
     log(f"job: {launch.nproc} rank(s) + {cfg.capacity.spares} warm spare(s): "
         f"{' '.join([cfg.script, *cfg.script_args])}")
     for note in pre.fallbacks:
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     log(f"control: {control.address}" + (" (hotspare inject SPEC sends a fault to this job)" if injecting(cfg)
                                           else " (faults refused: no --allow-inject)"))
     try:
-        coord.start(nodes=len(agents))
+        coord.start(nodes=len(agents) + cfg.hosts.remote_nodes, timeout=REMOTE_WAIT_S if remote else 30.0)
     except ConfigError as e:
         control.close()
         print(f"hotspare run: error: {e}", file=sys.stderr)
@@ -182,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         for agent in agents:
             agent.close()
         endpoint.close()
+        if remote is not None:
+            remote.close()
         return 2
     if poller is not None:
         poller.start()
@@ -204,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
         for agent in agents:
             agent.close()
         endpoint.close()
+        if remote is not None:
+            remote.close()
     if health is not None:    # after Ctrl-C or SIGTERM, running diagnostics stop at once (the device stays quarantined)
         health.close(cancel=ledger.outcome in ("interrupted", "preempted"))
         ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
@@ -259,7 +264,7 @@ def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes
 
     from hotspare.agent import NodeAgent
     cmd = [sys.executable, cfg.script, *cfg.script_args]
-    k = cfg.launch.local_nodes
+    k = cfg.local_nodes
     host = socket.gethostname()
     agents = []
     for i in range(k):
@@ -279,10 +284,40 @@ def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes
     return agents
 
 
+REMOTE_WAIT_S = 120.0     # remote agents may be started by hand after the launcher
+# What a remote agent's workers get from the launcher's environment (the rest is their own host's).
+_JOB_VARS = ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "GROUP_RANK",
+             "TORCHELASTIC_RUN_ID", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
+
+
+def _remote_endpoint(cfg: RunConfig, env: dict[str, str], events: "queue.Queue", secret: bytes, coord, log):
+    """The --listen endpoint for `hotspare agent` on other hosts (None without --listen)."""
+    if cfg.hosts.listen is None:
+        return None
+    from hotspare.checkpoint.auth import ENV_KEY
+    from hotspare.config.run import host_port
+    from hotspare.coordinator.remote import remote_endpoint
+    from hotspare.protocol.workerenv import WorkerEnv
+    h = cfg.hosts
+    contract = set(WorkerEnv.variables().values()) | {ENV_KEY}
+    job = {k: v for k, v in env.items() if k in _JOB_VARS or k in contract}
+    job["LOCAL_WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"]
+    host, port = host_port(h.listen)
+    remote = remote_endpoint(events, secret, coord.nodes.owner, host, port, h.node_lease, h.lease_margin,
+                             os.path.abspath(cfg.script), list(cfg.script_args), job, log)
+    log(f"nodes: waiting for {h.remote_nodes} remote agent(s) on {remote.address} (hotspare agent "
+        f"--coordinator {remote.address} --secret-file FILE); node lease {h.node_lease:g} s + margin "
+        f"{h.lease_margin:g} s; rendezvous store on {cfg.store_addr}")
+    return remote
+
+
 def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
     """The telemetry source, its poller (feeding the coordinator's queue) and the monitor."""
     h = cfg.health
     if h.telemetry == "off":
+        return None, None, None
+    if cfg.hosts.remote_nodes:       # --telemetry auto: the devices of other hosts are not polled (yet)
+        log("health: off (device telemetry and diagnostics of remote hosts are not collected yet; docs/DEPLOY.md)")
         return None, None, None
     import tempfile
 

@@ -30,7 +30,8 @@ class LaunchConfig(Section):
                           help="the process-group backend of every generation, passed to the workers "
                                "(HOTSPARE_BACKEND): gloo, or nccl for CUDA tensors (only where "
                                "torch.cuda.is_available())")
-    local_nodes: int = option(1, parse=int, metavar="K", at_least=1,
+    local_nodes: int | None = option(None, parse=int, metavar="K", at_least=0,
+                              default_text="1, or 0 with --remote-nodes",
                               help="run K node agents on this host, each holding its share of the device "
                                    "slots, as K hosts would: placement, spares and failover then cross agents "
                                    "over the same protocol a multi-host job uses")
@@ -38,7 +39,8 @@ class LaunchConfig(Section):
                         help="how workers and spares start: fork them from a zygote process that has already "
                              "imported torch (milliseconds each instead of seconds; they are still separate "
                              "processes, each its own session), or exec a fresh interpreter for each")
-    master_addr: str = option("127.0.0.1", help="address of the rendezvous store")
+    master_addr: str | None = option(None, default_text="127.0.0.1, or the --listen address",
+                                     help="address the rendezvous store listens on (and the workers reach it at)")
     master_port: int = option(0, parse=int, default_text="0, a free port", help="port of the rendezvous store")
     secret_file: str | None = option(None, metavar="FILE", default_text="a fresh random secret for this job, "
                                      "kept in memory (docs/SECURITY.md)",
@@ -53,6 +55,44 @@ class LaunchConfig(Section):
     def validate(self) -> None:
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port must be 0 (any free port) or a port 1-65535 (got {self.master_port})")
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """``ADDR:PORT`` (``[v6]:PORT`` for IPv6) -> (addr, port)."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{text!r} is not ADDR:PORT (e.g. 10.0.0.1:29400)")
+    return host, int(port)
+
+
+@dataclasses.dataclass(**_KW)
+class HostsConfig(Section):
+    TITLE = "many hosts: remote node agents (docs/DEPLOY.md)"
+    listen: str | None = option(None, metavar="ADDR:PORT",
+                                help="listen here for `hotspare agent --coordinator ADDR:PORT` of other hosts "
+                                     "(an address of this host on the job's private network, not 0.0.0.0); "
+                                     "the rendezvous store listens on the same address")
+    remote_nodes: int = option(0, parse=int, metavar="K", at_least=0,
+                               help="wait for K remote node agents (needs --listen and --secret-file) before "
+                                    "placing ranks and spares on them")
+    node_lease: float = option(3.0, parse=finite, metavar="SECONDS", above=0, at_most=3600,
+                               help="the lease of a remote node (its agent renews it 6 times per lease): one whose "
+                                    "renewals stop is declared lost after SECONDS + --lease-margin, its ranks failed over to "
+                                    "spares elsewhere; its agent kills its own workers after SECONDS (self-"
+                                    "fencing). A node whose link closes is lost at once")
+    lease_margin: float = option(1.0, parse=finite, metavar="SECONDS", at_least=0,
+                                 help="how much longer than the lease the launcher waits before declaring a node "
+                                      "lost: time for the cut-off agent to have fenced its workers")
+
+    def validate(self) -> None:
+        if self.listen is not None:
+            host, _ = host_port(self.listen)
+            if host in ("0.0.0.0", "::", ""):
+                raise ConfigError(f"--listen {self.listen}: give this host's address on the job's private "
+                                  "network, not a wildcard (the rendezvous store is not authenticated)")
+        if self.remote_nodes and self.listen is None:
+            raise ConfigError("--remote-nodes needs --listen ADDR:PORT for their agents to connect to")
 
 
 @dataclasses.dataclass(**_KW)
@@ -166,6 +206,7 @@ class RunConfig(Section):
     hang: HangConfig = section(HangConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     health: HealthConfig = section(HealthConfig)
+    hosts: HostsConfig = section(HostsConfig)
     faults: FaultConfig = section(FaultConfig)
     script: str = option(kind="positional", help="the training script (a .py file)")
     script_args: tuple[str, ...] = option(kind="remainder", help="arguments for the script")
@@ -175,11 +216,32 @@ class RunConfig(Section):
         """Device slots of the job: --devices, else one per worker and spare."""
         return self.health.devices or self.launch.nproc + self.capacity.spares
 
+    @property
+    def local_nodes(self) -> int:
+        """Node agents the launcher runs itself: --local-nodes, else 1 (0 when remote ones come)."""
+        if self.launch.local_nodes is not None:
+            return self.launch.local_nodes
+        return 0 if self.hosts.remote_nodes else 1
+
+    @property
+    def store_addr(self) -> str:
+        """Where the rendezvous store listens: --master-addr, else the --listen address, else loopback."""
+        if self.launch.master_addr is not None:
+            return self.launch.master_addr
+        return host_port(self.hosts.listen)[0] if self.hosts.listen else "127.0.0.1"
+
     def validate(self) -> None:
+        if self.local_nodes + self.hosts.remote_nodes < 1:
+            raise ConfigError("--local-nodes 0 needs --remote-nodes K: some node must run the workers")
+        if self.hosts.remote_nodes and self.health.telemetry in ("nvml", "simulated"):
+            raise ConfigError(f"--telemetry {self.health.telemetry} with --remote-nodes: the devices of remote "
+                              "hosts are not polled yet; use --telemetry auto or off")
+        if self.hosts.remote_nodes and self.launch.secret_file is None:
+            raise ConfigError("--remote-nodes needs --secret-file FILE: the remote agents prove the same secret")
         nproc, spares = self.launch.nproc, self.capacity.spares
         if self.health.devices is not None and self.health.devices < nproc + spares:
             raise ConfigError(f"--devices {self.health.devices} is fewer than --nproc + --spares = "
                               f"{nproc + spares}: every worker and spare needs a device slot")
-        if self.health.telemetry != "off" and self.launch.local_nodes > self.slots:
-            raise ConfigError(f"--local-nodes {self.launch.local_nodes} is more than the {self.slots} device "
+        if self.health.telemetry != "off" and self.local_nodes > self.slots:
+            raise ConfigError(f"--local-nodes {self.local_nodes} is more than the {self.slots} device "
                               "slots: each node agent needs at least one (raise --devices)")

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hotspare.coordinator import events as ev
 from hotspare.errors import ProtocolError
@@ -27,6 +27,9 @@ from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.listen import Listener, bound_server
 from hotspare.protocol.messages import MAX_LINE, Message, make
+
+if TYPE_CHECKING:
+    from hotspare.coordinator.lease import Leases
 
 MAX_SKEW_S = 300.0         # an agent's event time may be this far from the coordinator's clock
 
@@ -53,6 +56,7 @@ class Node:
     device_faults: bool
     pid: int
     lost: bool = False
+    lost_at: float | None = None     # lost while the job ran (not in its shutdown)
     workers: set[str] = field(default_factory=set)
 
 
@@ -71,10 +75,15 @@ class NodeEndpoint:
     ``owner(worker)``: the node the coordinator placed ``worker`` on (None: no such worker)."""
 
     def __init__(self, events: "queue.Queue", secret: bytes, owner: Callable[[str], str | None],
-                 host: str = "127.0.0.1", port: int = 0):
+                 host: str = "127.0.0.1", port: int = 0, welcome: Callable[[Message], Message] | None = None,
+                 leases: "Leases | None" = None):
+        """``welcome(hello)``: the first message to each agent that connects (remote agents learn the
+        job from it); ``leases``: the nodes here hold leases (``hotspare.coordinator.lease``) they
+        renew, and a node whose lease expires is lost as one whose link closed."""
         self.events = events
         self._key = auth.node_key(secret)
         self._owner = owner
+        self._welcome, self.leases = welcome, leases
         server = bound_server(host, port)
         self.address = f"{host}:{server.getsockname()[1]}"
         # A relay wraps a worker's line (at most MAX_LINE on the agent's worker port): room for both.
@@ -83,6 +92,8 @@ class NodeEndpoint:
 
     def close(self) -> None:
         self._listener.close()
+        if self.leases is not None:
+            self.leases.close()
 
     def _handshake(self, ch: Channel) -> Message:
         try:
@@ -93,6 +104,13 @@ class NodeEndpoint:
 
     def _serve(self, ch: Channel, hello: Message) -> None:
         node = hello["node"]
+        if self._welcome is not None:
+            try:
+                ch.send(self._welcome(hello))
+            except OSError:
+                return
+        if self.leases is not None:
+            self.leases.add(node, ch)
         self.events.put(ev.NodeConnected(node, hello, ch, time.time()))
         while True:
             try:
@@ -104,8 +122,16 @@ class NodeEndpoint:
             except OSError:
                 msg = None
             if msg is None:       # the payload tells this link from a later one of the same name
-                self.events.put(ev.NodeLost(node, ch, time.time()))
+                if self.leases is None or self.leases.release(ch):     # else: lost already, by its lease
+                    self.events.put(ev.NodeLost(node, ch, time.time()))
                 return
+            if msg["type"] == "renew" and self.leases is not None:
+                if self.leases.renew(ch):
+                    try:
+                        ch.send(make("renewed", seq=msg["seq"]))
+                    except OSError:
+                        pass
+                continue
             try:
                 self._event(node, msg)
             except ProtocolError as e:
@@ -141,6 +167,7 @@ class Nodes:
         self.nodes: dict[str, Node] = {}
         self.workers: dict[str, Worker] = {}
         self._ids = itertools.count()
+        self.ending = False                              # shutdown asked: links closing now are no loss
 
     # ------------------------------------------------------------------ links
     def owner(self, worker: str) -> str | None:
@@ -152,6 +179,9 @@ class Nodes:
         name = hello["node"]
         if name in self.nodes and not self.nodes[name].lost:
             raise ProtocolError(f"a node named {name!r} is already connected")
+        if name in self.nodes:     # its old workers are gone or fenced: a new link must not speak for them
+            raise ProtocolError(f"node {name!r} was declared lost; a host that comes back joins as a new "
+                                "node (hotspare agent --name ANOTHER)")
         node = Node(name, channel, [str(d) for d in hello["devices"]], hello["device_faults"], hello["pid"])
         self.nodes[name] = node
         return node
@@ -163,6 +193,8 @@ class Nodes:
         if node is None or node.lost or (channel is not None and channel is not node.channel):
             return []
         node.lost = True
+        if not self.ending:
+            node.lost_at = time.time()
         return [w for w in sorted(node.workers) if self.workers[w].exit_code is None]
 
     def tell(self, name: str, msg: Message) -> bool:
@@ -254,13 +286,15 @@ class Nodes:
         return info
 
     def describe(self) -> dict[str, Any]:
-        """For the report: each node's device slots and every worker it ran."""
-        return {n.name: {"devices": n.devices, "lost": n.lost, "workers": [
+        """For the report: each node's device slots, whether (and when) it was lost while the job
+        ran, and every worker it ran."""
+        return {n.name: {"devices": n.devices, "lost": n.lost_at is not None, "lost_at": n.lost_at, "workers": [
             {"worker": w, "role": self.workers[w].role, "rank": self.workers[w].rank,
              "device": self.workers[w].device, "exit_code": self.workers[w].exit_code}
             for w in sorted(n.workers, key=lambda w: int(w[1:]))]} for n in self.nodes.values()}
 
     def shutdown(self, grace: float) -> None:
         """Ask every agent to end its workers (SIGKILL after ``grace`` seconds) and close."""
+        self.ending = True
         for node in self.live_nodes():
             self._tell(node, make("shutdown", grace=grace))

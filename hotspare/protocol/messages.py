@@ -81,6 +81,11 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "arm": {"id": _INT, "spec": _STR, "running": _BOOL},    # a fault to inject (hotspare.testing.faults)
     "disarm": {"id": _INT},                                  # it fired on another node
     "shutdown": {"grace": _NUM},                             # end the workers, then close the link
+    # a remote node's lease (hotspare.agent.lease, hotspare.coordinator.lease): the coordinator's
+    # first word to an agent that connected over the network, and the renewals that follow
+    "welcome": {"lease": _NUM, "script": _STR, "args": _LIST, "env": _DICT, "proof": _STR},
+    "renew": {"seq": _INT},                                  # agent -> coordinator
+    "renewed": {"seq": _INT},                                # coordinator -> agent
     # operator (hotspare inject) <-> launcher
     "inject": {"spec": _STR, "operator": _STR, "proof": _STR},
     "control_reply": {"ok": (bool,), "message": _STR},
@@ -95,7 +100,7 @@ _BIG = 2 ** 62
 RANGES: dict[str, tuple[float, float]] = {
     "gen": (0, 2 ** 31), "rank": (0, 2 ** 20), "world": (1, 2 ** 20), "step": (-1, _BIG),
     "committed": (-1, _BIG), "total": (0, _BIG), "bytes": (0, _BIG), "pid": (1, 2 ** 31),
-    "wait": (0, _BIG), "id": (-1, _BIG),
+    "wait": (0, _BIG), "id": (-1, _BIG), "seq": (0, _BIG), "lease": (0.1, 3600),
     "dt": (0, 1e7), "seconds": (0, 1e7), "grace": (0, 3600), "t": (0, 1e11),
     "compute": (0, 1e7), "comm": (0, 1e7), "check": (0, 1e7), "check_cpu": (0, 1e7), "fp": (0, 1e7),
 }
@@ -168,6 +173,9 @@ NESTED: dict[str, dict[str, Callable[[str, Any], None]]] = {
     "failed": {"health": _health},
     "generation": {"receivers": lambda k, v: _sequence(k, "receivers", v, _rank, "ranks")},
     "agent_hello": {"devices": lambda k, v: _sequence(k, "devices", v, _short, "device names")},
+    "welcome": {"args": lambda k, v: _sequence(k, "args", v, lambda a: isinstance(a, str), "strings"),
+                "env": lambda k, v: _mapping(k, "env", v, lambda e: isinstance(e, str) and len(e) <= 65536,
+                                             "a string")},
 }
 
 
