@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from hotspare.coordinator.events import NodeConnected, NodeLost
 from hotspare.agent.lease import AgentLease, valid_until
 from hotspare.agent.netif import gloo_interface
 from hotspare.agent.remote import parse_devices, serve
@@ -45,16 +46,16 @@ def test_a_silent_node_is_declared_lost_after_lease_plus_margin_and_its_link_clo
         welcome = ch.recv()
         assert welcome["type"] == "welcome" and welcome["proof"] == welcome_proof(SECRET, "n1", "00ff")
         assert (welcome["script"], welcome["args"], welcome["lease"]) == ("train.py", ["--x"], 0.4)
-        kind, node, link, t0 = events.get(timeout=5)
-        assert (kind, node) == ("node", "n1")
+        joined = events.get(timeout=5)
+        assert isinstance(joined, NodeConnected) and joined.node == "n1"
         for seq in range(4):                    # renewed: not lost
             ch.send(make("renew", seq=seq))
             assert ch.recv() == make("renewed", seq=seq)
             last = time.time()
             time.sleep(0.2)
         assert events.empty()
-        kind, node, payload, t = events.get(timeout=5)      # then silence: lost 0.4 + 0.2 s on, once
-        assert (kind, node, payload) == ("node_lost", "n1", link[1]) and 0.55 < t - last < 2.0
+        lost = events.get(timeout=5)            # then silence: lost 0.4 + 0.2 s on, once
+        assert lost == NodeLost("n1", joined.channel, lost.t) and 0.55 < lost.t - last < 2.0
         assert ch.recv() is None                # the coordinator hung up
         assert "declared lost" in said[0]
         time.sleep(0.3)
