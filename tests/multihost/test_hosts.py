@@ -100,6 +100,6 @@ def test_partitioned_host_fences_itself_and_stays_out_after_healing(net, secret_
     # Nothing from the old workers reached the coordinator after the loss (commits, done, exits...).
     old = workers_of(report, "hostb")
     def spoke(lines):
-        return [line for line in lines if (m := re.search(r"debug   event \w+ from (w\d+):", line)) and m[1] in old]
+        return [line for line in lines if (m := re.search(r"debug   event \w+\(worker='(w\d+)'", line)) and m[1] in old]
     assert spoke(line for t, line in job.log.lines if t < t_lost), "the debug log does not show their messages"
     assert spoke(line for t, line in job.log.lines if t > t_lost) == []
