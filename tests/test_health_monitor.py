@@ -6,7 +6,7 @@ from hotspare.coordinator.health import STRAGGLER_WINDOW, HealthMonitor
 from hotspare.health import types as T
 from hotspare.health.lifecycle import State
 from hotspare.health.registry import Registry
-from hotspare.health.rules import load_rules
+from hotspare.health.rulefile import load_rules
 from hotspare.health.types import Reading
 
 DEVICES = [f"n1/cpu{i}" for i in range(5)]

@@ -288,7 +288,7 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
 
     from hotspare.coordinator.health import HealthMonitor
     from hotspare.health.registry import ENV_PATH, Registry
-    from hotspare.health.rules import load_rules
+    from hotspare.health.rulefile import load_rules
     from hotspare.health.telemetry import NvmlSource, Poller, SimulatedSource
 
     slots = cfg.slots
