@@ -199,13 +199,14 @@ def run(args: argparse.Namespace) -> int:
         if poller is not None:
             poller.stop()
         control.close()
+        # Device checks still running on the nodes finish first, unless the job was cut short.
+        coord.finish_checks(0.0 if ledger.outcome in ("interrupted", "preempted") else 30.0)
         # Released workers end by themselves (barrier, os._exit); after Ctrl-C nobody told them to.
         coord.stop_nodes(grace={"interrupted": 0.0, "preempted": 5.0}.get(ledger.outcome, 10.0))
         for agent in agents:
             agent.close()
         endpoint.close()
-    if health is not None:    # after Ctrl-C or SIGTERM, running diagnostics stop at once (the device stays quarantined)
-        health.close(cancel=ledger.outcome in ("interrupted", "preempted"))
+    if health is not None:    # after Ctrl-C or SIGTERM, running diagnostics stopped at once (the device stays quarantined)
         ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
                           for r in health.registry.devices() if r.device in health.devices]
     ledger.nodes = coord.nodes.describe()
@@ -280,7 +281,7 @@ def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes
 
 
 def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
-    """The telemetry source, its poller (feeding the coordinator's queue) and the monitor."""
+    """The health desk, the telemetry source and its poller (feeding the coordinator's queue)."""
     h = cfg.health
     if h.telemetry == "off":
         return None, None, None
@@ -314,39 +315,15 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
         if isinstance(source, SimulatedSource):
             source.clear(device)
 
-    def diagnose(device: str, stop) -> tuple[bool, str]:
-        from hotspare.coordinator.health import diagnose_device
-        return diagnose_device(device, source, rules, stop=stop)
-
-    monitor = HealthMonitor(rules, registry, devices, log=log, diagnose=diagnose, reset=reset)
-    if h.admission != "off":
-        _admit(h.admission, devices, registry, log)
+    # Admission and quarantine diagnostics run on the node agents (hotspare.agent.checks).
+    monitor = HealthMonitor(rules, registry, devices, log=log, poll=source.poll, reset=reset,
+                            admission=h.admission)
     from hotspare.coordinator.events import Readings
     poller = Poller(source, lambda readings: events.put(Readings(readings, time.time())),
                     period_s=h.telemetry_period)
     log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db} "
         f"(hotspare health --db {db})")
     return monitor, source, poller
-
-
-def _admit(size: str, devices: list[str], registry, log) -> None:
-    """Admission checks of this node's devices; a failing one is quarantined before any work."""
-    from hotspare.health.checks.admission import run_admission
-    from hotspare.health.types import node_of
-    kind = "gpu" if "/gpu" in devices[0] else "cpu"
-    log(f"ADMISSION {len(devices)} {kind} device(s), size {size}")
-    try:
-        reports = run_admission(len(devices), size=size, kind=kind, node=node_of(devices[0]),
-                                progress=lambda line: None)
-    except ConfigError as e:
-        raise ConfigError(f"--admission: {e}") from None
-    for report in reports:
-        if report.passed:
-            log(f"ADMISSION {report.device}: pass")
-        else:
-            reason = "; ".join(report.reasons)
-            registry.quarantine(report.device, f"failed admission: {reason}", actor="rule:admission")
-            log(f"ADMISSION {report.device}: FAIL ({reason}): quarantined, it gets no work")
 
 
 def _device_fault(source, log):

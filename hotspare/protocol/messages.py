@@ -74,6 +74,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "injected": {"worker": _STR, "fault": _STR, "id": _INT, "t": _NUM},
     "stopped": {"worker": _STR, "stopped": _BOOL},           # the process is (no longer) SIGSTOPped
     "refused": {"command": _STR, "message": _STR},           # a command the agent could not carry out
+    # the verdict of an "admit" or "diagnose" on one device (hotspare.agent.checks)
+    "checked": {"device": _STR, "stage": _STR, "passed": _BOOL, "cancelled": _BOOL, "detail": _STR},
     # coordinator -> node agent: the coordinator decides, the agent carries out
     "spawn": {"worker": _STR, "role": _STR, "rank": _OPT_INT, "device": _OPT_STR},
     "kill": {"worker": _STR, "signal": _INT, "group": _BOOL},
@@ -81,6 +83,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "arm": {"id": _INT, "spec": _STR, "running": _BOOL},    # a fault to inject (hotspare.testing.faults)
     "disarm": {"id": _INT},                                  # it fired on another node
     "shutdown": {"grace": _NUM},                             # end the workers, then close the link
+    "admit": {"devices": _LIST, "size": _STR},               # admission checks of these devices
+    "diagnose": {"device": _STR, "size": _STR},              # one pass of quarantine diagnostics
     # operator (hotspare inject) <-> launcher
     "inject": {"spec": _STR, "operator": _STR, "proof": _STR},
     "control_reply": {"ok": (bool,), "message": _STR},
@@ -168,6 +172,7 @@ NESTED: dict[str, dict[str, Callable[[str, Any], None]]] = {
     "failed": {"health": _health},
     "generation": {"receivers": lambda k, v: _sequence(k, "receivers", v, _rank, "ranks")},
     "agent_hello": {"devices": lambda k, v: _sequence(k, "devices", v, _short, "device names")},
+    "admit": {"devices": lambda k, v: _sequence(k, "devices", v, _short, "device names")},
 }
 
 
