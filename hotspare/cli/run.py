@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     env.update(job_env(cfg, pre).to_env())
     events: queue.Queue = queue.Queue()
     try:
-        health, source, poller = _health_service(cfg, pre, events, log)
+        health, source, poller, reconciler = _health_service(cfg, pre, events, log)
     except ConfigError as e:
         return _fail(e)
     ledger, coord = _control_plane(cfg, pre, events, health, log)
@@ -185,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if poller is not None:
         poller.start()
+    if reconciler is not None:
+        reconciler.start(log=log)
     graceful = bool(cfg.checkpoint.checkpoint_dir)
     stop_signals = _StopSignals(events, graceful=graceful)
     try:
@@ -206,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
         for agent in agents:
             agent.close()
         endpoint.close()
+        if reconciler is not None:       # the job's last registry changes reach Slurm
+            reconciler.stop(log=log)
     if health is not None:    # after Ctrl-C or SIGTERM, running diagnostics stopped at once (the device stays quarantined)
         ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
                           for r in health.registry.devices() if r.device in health.devices]
@@ -281,10 +285,11 @@ def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes
 
 
 def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
-    """The health desk, the telemetry source and its poller (feeding the coordinator's queue)."""
+    """The health desk, the telemetry source, its poller (feeding the coordinator's queue) and
+    the Slurm reconciler (None where Slurm is off)."""
     h = cfg.health
     if h.telemetry == "off":
-        return None, None, None
+        return None, None, None, None
     import tempfile
 
     from hotspare.coordinator.health import HealthMonitor
@@ -307,8 +312,12 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
     db = h.health_db or os.environ.get(ENV_PATH)
     if db is None and source.name == "simulated":   # simulated devices are this run's own
         db = os.path.join(tempfile.mkdtemp(prefix="hotspare-health-"), "health.json")
-    registry = Registry(db, slurm="auto")             # real devices: the node's shared registry
+    registry = Registry(db)             # real devices: the node's shared registry
     db = str(registry.path)
+    # Slurm follows the registry (drain a node with a device out of service): reconciled in the
+    # background, outside the registry's lock, within a second of a change and every 30 s.
+    from hotspare.health.reconcile import SlurmReconciler
+    reconciler = SlurmReconciler.from_mode(registry, "auto")
     rules = pre.rules or load_rules()
 
     def reset(device: str) -> None:        # what a GPU reset does to the simulated device
@@ -323,7 +332,7 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
                     period_s=h.telemetry_period)
     log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db} "
         f"(hotspare health --db {db})")
-    return monitor, source, poller
+    return monitor, source, poller, reconciler
 
 
 def _device_fault(source, log):
