@@ -77,7 +77,7 @@ def complete(directory: str) -> list[tuple[int, str]]:
     """(step, folder) of every ``step-*`` folder with a readable sidecar, oldest first."""
     try:
         names = os.listdir(directory)
-    except FileNotFoundError:
+    except OSError:              # gone, or no longer a directory
         return []
     out = []
     for name in names:
@@ -97,13 +97,20 @@ def latest_name(directory: str) -> str | None:
 
 
 def prune(directory: str, keep: int, just_saved: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints (never the one LATEST names) and drop the
+    remains of older crashed writes. Housekeeping after a published write: a directory that
+    vanished or changed under it meanwhile is left for the next write to report."""
     protected = latest_name(directory)
     done = complete(directory)
     for _s, path in done[:-keep] if len(done) > keep else []:
         if os.path.basename(path) != protected:
             shutil.rmtree(path, ignore_errors=True)
     # Remains of crashed writes of an older step can never complete any more.
-    for name in os.listdir(directory):
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
         m = TMP_RE.match(name)
         if m and int(m.group(1)) < just_saved:
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
