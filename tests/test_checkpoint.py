@@ -1,4 +1,5 @@
 """Persistent checkpoints: round trip, async writer, atomicity under crashes, verification."""
+import hashlib
 import json
 import os
 import select
@@ -11,7 +12,7 @@ import torch
 
 from hotspare.checkpoint import (AsyncCheckpointer, CheckpointError, CheckpointInfo,
                                  fingerprint_of, latest, load, save)
-from hotspare.checkpoint import auth, load_key, newest_valid, store, verify, within
+from hotspare.checkpoint import auth, layout, load_key, newest_valid, sidecar, store, verify, within
 from hotspare.errors import HotspareError
 
 # dcp.save/load(no_dist=True) warn that they assume one process: that is the design.
@@ -111,7 +112,7 @@ def test_unknown_version_refused(tmp_path):
 
 def _resign(sidecar_path, side, key=None):
     """Rewrite a sidecar signed with ``key`` (default: the tests' key), as its writer would."""
-    side["mac"] = auth.mac(key or load_key(), store._signed(side))
+    side["mac"] = auth.mac(key or load_key(), sidecar.signed(side))
     json.dump(side, open(sidecar_path, "w"))
 
 
@@ -260,7 +261,7 @@ def test_keep_pruning(tmp_path):
     # LATEST is never pruned, even when it is older than the others (e.g. after a rollback).
     save(d, 9, t, {}, "fp", keep=3)
     (tmp_path / "LATEST").write_text("step-000000003\n")
-    store._prune(d, keep=1, just_saved=9)
+    layout.prune(d, keep=1, just_saved=9)
     assert sorted(n for n in os.listdir(d) if n.startswith("step-")) == [
         "step-000000003", "step-000000009"]
     # Saving a step that already exists replaces it atomically.
@@ -384,7 +385,7 @@ def test_a_planted_pickle_in_metadata_never_runs(tmp_path):
     assert not marker.exists()
     # Even with the MAC forged (someone holding the key), the restricted unpickler refuses it.
     side = json.load(open(os.path.join(info.path, "hotspare.json")))
-    side["files"][".metadata"] = store.hashlib.sha256(open(md, "rb").read()).hexdigest()
+    side["files"][".metadata"] = hashlib.sha256(open(md, "rb").read()).hexdigest()
     _resign(os.path.join(info.path, "hotspare.json"), side)
     with pytest.raises(CheckpointError, match=r"not plain DCP metadata .*posix.system.*nothing in it was run"):
         load(info.path, _fp(t))

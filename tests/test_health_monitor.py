@@ -1,12 +1,12 @@
 """The coordinator's health desk without processes: readings in, verdicts out, lifecycle kept."""
-import threading
 import time
 
+from hotspare.coordinator.events import DeviceChecked
 from hotspare.coordinator.health import STRAGGLER_WINDOW, HealthMonitor
 from hotspare.health import types as T
 from hotspare.health.lifecycle import State
 from hotspare.health.registry import Registry
-from hotspare.health.rules import load_rules
+from hotspare.health.rulefile import load_rules
 from hotspare.health.types import Reading
 
 DEVICES = [f"n1/cpu{i}" for i in range(5)]
@@ -60,54 +60,118 @@ def test_verdicts_name_the_rank_on_the_device_now(tmp_path):
     assert v.rank == 1 and v.action == "migrate"
 
 
-def test_cordoned_device_drains_quarantines_and_returns_after_diagnostics(tmp_path):
-    calls = []
-    m = monitor(tmp_path, diagnose=lambda d, stop: (calls.append(d) or True, "ok"), reset=calls.append)
+class ScriptedNode:
+    """The node's side of the desk, scripted: it records the commands the desk sends; the test
+    answers them as the node agent would (``checked``, see hotspare.agent.checks)."""
+
+    def __init__(self, name="n1"):
+        self.name, self.commands = name, []
+
+    def tell(self, node, msg):
+        assert node == self.name
+        self.commands.append(msg)
+        return True
+
+    def answer(self, m, device, passed=True, cancelled=False, detail="burn-in ok; memory ok", stage="quarantine"):
+        m.checked(DeviceChecked(self.name, device, stage, passed, cancelled, detail, time.time()))
+
+
+def connected(m, node=None):
+    node = node or ScriptedNode()
+    m.attach(node.tell)
+    m.node_connected(node.name, DEVICES)
+    return node
+
+
+def test_cordoned_device_drains_quarantines_and_returns_after_diagnostics_on_its_node(tmp_path):
+    resets = []
+    m = monitor(tmp_path, reset=resets.append)
+    node = connected(m)
     m.cordon(DEVICES[1], "too hot", "temp-limit", time.time())
     assert not m.usable(DEVICES[1]) and m.registry.get(DEVICES[1]).state == State.CORDONED
     m.device_released(DEVICES[1])                       # its worker left
-    m.close()
+    assert [c["type"] for c in node.commands] == ["diagnose"] and node.commands[0]["device"] == DEVICES[1]
+    node.answer(m, DEVICES[1])                          # pass 1: the desk asks for pass 2
+    assert len(node.commands) == 2 and m.registry.get(DEVICES[1]).state == State.QUARANTINED
+    node.answer(m, DEVICES[1])
     rec = m.registry.get(DEVICES[1])
     assert [t.dst.value for t in rec.history] == ["cordoned", "draining", "quarantined", "healthy"]
-    assert calls == [DEVICES[1]] * 3 and m.usable(DEVICES[1])   # one reset, two diagnostics passes
+    assert resets == [DEVICES[1]] and m.usable(DEVICES[1]) and not m.pending()
     assert rec.remediations, "a rule's cordon counts for the repeat-offender rule"
 
 
-def test_cancelled_diagnostics_stop_at_once_and_leave_the_device_quarantined(tmp_path):
-    from hotspare.health.checks.burnin import burn_in
-    lines, started = [], threading.Event()
+def test_a_failed_pass_or_hot_telemetry_keeps_the_device_out(tmp_path):
+    hot = []
+    m = monitor(tmp_path, poll=lambda: list(hot))
+    node = connected(m)
+    for d in DEVICES[1:3]:
+        m.cordon(d, "too hot", "temp-limit", time.time())
+    m.device_released(DEVICES[1])
+    node.answer(m, DEVICES[1], passed=False, detail="memory: 3 words read back wrong")
+    assert m.registry.get(DEVICES[1]).state != State.HEALTHY and DEVICES[1] not in m.diagnosing
+    assert "memory: 3 words" in m.registry.get(DEVICES[1]).reason
+    hot.append(Reading(DEVICES[2], time.time(), "simulated", {T.XIDS: (79,)}))
+    m.device_released(DEVICES[2])                       # still hot after the reset: no checks are run
+    assert [c["device"] for c in node.commands] == [DEVICES[1]]
+    assert "telemetry still trips" in m.registry.get(DEVICES[2]).reason
 
-    def diagnose(device, stop):    # a real burn-in, ten minutes long unless stopped
-        started.set()
-        result = burn_in(device, n=64, reps=1, seconds=600, stop=stop)
-        return result.passed, result.detail
-    m = HealthMonitor(load_rules(), Registry(tmp_path / "h.json"), DEVICES, log=lines.append, diagnose=diagnose)
+
+def test_cut_short_diagnostics_leave_the_device_quarantined_for_the_next_job(tmp_path):
+    lines = []
+    m = HealthMonitor(load_rules(), Registry(tmp_path / "h.json"), DEVICES, log=lines.append)
+    node = connected(m)
     m.cordon(DEVICES[1], "too hot", "temp-limit", time.time())
     m.device_released(DEVICES[1])
-    assert started.wait(10)
-    t0 = time.monotonic()
-    m.close(timeout=60, cancel=True)
-    assert time.monotonic() - t0 < 5, "close(cancel=True) waited for the burn-in"
+    m.stop()                                            # the job is stopping
+    node.answer(m, DEVICES[1], passed=False, cancelled=True, detail="cut short")
     assert m.registry.get(DEVICES[1]).state == State.QUARANTINED
     assert any("diagnostics cut short" in line for line in lines), lines
     m.cordon(DEVICES[2], "too hot", "temp-limit", time.time())
-    m.device_released(DEVICES[2])                   # after close: none started
+    m.device_released(DEVICES[2])                       # after stop: none started
     assert m.registry.get(DEVICES[2]).state == State.QUARANTINED and DEVICES[2] not in m.diagnosing
     assert any("diagnostics not started" in line for line in lines), lines
 
-    # The next job's monitor on this node takes both up again, and they pass.
-    again = HealthMonitor(load_rules(), Registry(tmp_path / "h.json"), DEVICES, log=lines.append,
-                          diagnose=lambda d, stop: (True, "ok"))
-    again.close()
+    # The next job's desk takes both up again as their node connects, and they pass.
+    again = HealthMonitor(load_rules(), Registry(tmp_path / "h.json"), DEVICES, log=lines.append)
+    node = connected(again)
+    assert sorted(c["device"] for c in node.commands) == DEVICES[1:3]
+    for _ in range(2):
+        for d in DEVICES[1:3]:
+            node.answer(again, d)
     assert all(again.registry.get(d).state == State.HEALTHY for d in DEVICES[1:3])
 
 
+def test_a_verdict_from_another_node_or_unasked_changes_nothing(tmp_path):
+    m = monitor(tmp_path)
+    connected(m)
+    m.cordon(DEVICES[1], "too hot", "temp-limit", time.time())
+    m.device_released(DEVICES[1])
+    ScriptedNode("n2").answer(m, DEVICES[1])            # not the device's node
+    ScriptedNode().answer(m, DEVICES[3])                # no diagnostics were asked for
+    assert m.registry.get(DEVICES[1]).state == State.QUARANTINED and m.diagnosing == {DEVICES[1]: 0}
+    assert m.registry.get(DEVICES[3]).state == State.HEALTHY
+
+
+def test_admission_on_the_node_holds_devices_until_they_pass(tmp_path):
+    m = monitor(tmp_path, admission="small")
+    node = connected(m)
+    (cmd,) = node.commands
+    assert (cmd["type"], cmd["devices"], cmd["size"]) == ("admit", DEVICES, "small")
+    assert not any(m.usable(d) for d in DEVICES) and m.pending()
+    for d in DEVICES[:-1]:
+        node.answer(m, d, stage="admission")
+    node.answer(m, DEVICES[-1], passed=False, stage="admission", detail="burn-in: 12 elements differ")
+    assert not m.pending() and all(m.usable(d) for d in DEVICES[:-1]) and not m.usable(DEVICES[-1])
+    rec = m.registry.get(DEVICES[-1])
+    assert rec.state == State.QUARANTINED and "failed admission: burn-in: 12 elements" in rec.reason
+
+
 def test_a_repeat_offender_is_retired_instead_of_diagnosed(tmp_path):
-    m = monitor(tmp_path, diagnose=lambda d, stop: (True, "ok"))
+    m = monitor(tmp_path)
+    node = connected(m)
     m.cordon(DEVICES[2], "fifth time", "repeat-offender", time.time(), retire=True)
     m.device_released(DEVICES[2])
-    m.close()
-    assert m.registry.get(DEVICES[2]).state == State.RETIRED
+    assert m.registry.get(DEVICES[2]).state == State.RETIRED and node.commands == []
 
 
 def test_operator_drain_of_a_busy_device_asks_for_a_migration(tmp_path):

@@ -5,7 +5,8 @@ It owns the processes (so it sees an exit the moment it happens; they fork from 
 its workers (JSON lines over TCP, see ``hotspare.protocol``). It talks to the coordinator over
 one more such connection, which it opens itself: what it sees (a worker started, exited, said
 something) goes up as a message; the coordinator's decisions come down as commands (``spawn``,
-``kill``, ``deliver``, ``shutdown``). A command the agent cannot carry out is answered with
+``kill``, ``deliver``, ``shutdown``; ``admit`` and ``diagnose`` run device checks here, see
+``hotspare.agent.checks``). A command the agent cannot carry out is answered with
 ``refused``; the job goes on. Fault injection is a plug-in (``hotspare.testing.faults.AgentFaults``,
 given as ``faults``), which adds its commands (``arm``, ``disarm``) and sees each worker message
 before it is relayed; without it none of its code runs.
@@ -31,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hotspare.agent.checks import NodeChecks
 from hotspare.agent.zygote import (ForkedProc, Zygote, ZygoteError, die_with_parent, forkable,
                                    preload_for)
 from hotspare.errors import ConfigError, ProtocolError
@@ -90,6 +92,9 @@ class NodeAgent:
             "deliver": lambda m: self.send(m["worker"], validate(m["msg"])),
             "shutdown": lambda m: self.shutdown(grace=float(m["grace"])),
         }
+        # admission and quarantine diagnostics of this node's devices (hotspare.agent.checks)
+        self.checks = NodeChecks(self.devices, self._up)
+        self._commands_of.update(self.checks.commands())
         if faults is not None:
             faults.attach(self)
             self._commands_of.update(faults.commands())
@@ -265,6 +270,7 @@ class NodeAgent:
         if self._closed.is_set():
             return
         self._closed.set()
+        self.checks.close()         # before the link goes: a cut-short check still says so
         self._listener.close()
         self.uplink.close()
         if self.zygote is not None:

@@ -1,6 +1,7 @@
 """Optional asynchronous persistent checkpoints, used only when no in-memory copy survives.
 
-See :mod:`hotspare.checkpoint.store` for the atomicity protocol and verification.
+See :mod:`hotspare.checkpoint.store` for the atomicity protocol and verification; `layout` holds the
+directory's names and file-system steps, `sidecar` the authentication (neither imports torch).
 """
 from hotspare.checkpoint.store import (
     AsyncCheckpointer,

@@ -46,12 +46,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -59,16 +57,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException as _DCPError  # a BaseException
 
 from hotspare.checkpoint import auth
+from hotspare.checkpoint.layout import (FORMAT_VERSION, LATEST, METADATA, SIDECAR, CheckpointError, CheckpointInfo,
+                                        fingerprint_of, fsync_dir, meta_digest, prune, step_name, within,
+                                        write_file_durably)
 from hotspare.checkpoint.metadata import UnsafeMetadata, VerifiedReader, parse
-from hotspare.errors import HotspareError
+from hotspare.checkpoint.sidecar import info_of, latest, newest_valid, signed, verified, verify
 
-FORMAT_VERSION = 2          # 2: authenticated (file digests + HMAC); 1 had neither
-METADATA = ".metadata"      # DCP's metadata file (a pickle: parsed by checkpoint.metadata only)
-_SIDECAR_MAX = 64 << 20
-SIDECAR = "hotspare.json"
-LATEST = "LATEST"
-_STEP_RE = re.compile(r"^step-(\d{9,})$")
-_TMP_RE = re.compile(r"^\.tmp-step-(\d+)-(\d+)$")
+__all__ = ["AsyncCheckpointer", "CheckpointError", "CheckpointInfo", "FORMAT_VERSION", "fingerprint_of", "latest",
+           "load", "newest_valid", "save", "tensor_digest", "verify", "within"]
 
 # dcp.save/load(no_dist=True) warn on every call that they assume a single process; that is
 # exactly our intent (one writer, see the module docstring). A process-wide filter, because
@@ -77,31 +73,9 @@ warnings.filterwarnings(
     "ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
 
 
-class CheckpointError(HotspareError):
-    """A checkpoint cannot be written, found or trusted. The message says what to do."""
-
-
-@dataclass
-class CheckpointInfo:
-    path: str           # the step-<N> folder
-    step: int
-    fingerprint: str
-    digest: str         # sha256 over the tensors (sorted keys, dtype, shape, bytes)
-    nbytes: int         # bytes of tensor data
-    saved_at: float     # time.time() when the write finished
-
 
 # --------------------------------------------------------------------------------------------
-# helpers
-
-
-def fingerprint_of(shapes: dict[str, tuple[str, list[int]]]) -> str:
-    """sha256 of the sorted ``(key, dtype, shape)`` triples: identifies a job's model structure.
-
-    ``dtype`` may be a string ("torch.float32") or a ``torch.dtype``.
-    """
-    items = [[k, str(d), [int(s) for s in shape]] for k, (d, shape) in sorted(shapes.items())]
-    return hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()
+# tensors
 
 
 def _byte_view(t: torch.Tensor):
@@ -123,10 +97,6 @@ def tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _meta_digest(meta_json: str) -> str:
-    return hashlib.sha256(meta_json.encode()).hexdigest()
-
-
 def _dtype(name: str) -> torch.dtype:
     dt = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dt, torch.dtype):
@@ -145,146 +115,6 @@ def _why(e: BaseException) -> str:
             e = inner
     text = str(e).splitlines()[0] if str(e) else ""
     return f"{type(e).__name__}: {text[:300]}"
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:     # e.g. platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_file_durably(path: str, data: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _step_name(step: int) -> str:
-    return f"step-{step:09d}"
-
-
-def _signed(side: dict) -> bytes:
-    """The bytes the sidecar's MAC covers: every field but ``mac``, canonical JSON."""
-    body = {k: v for k, v in side.items() if k != "mac"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def _read_sidecar(ckpt_dir: str, key: bytes) -> dict:
-    """The authenticated ``hotspare.json`` of a checkpoint folder; CheckpointError if absent,
-    unreadable, of another format version, or not signed with ``key``."""
-    path = os.path.join(ckpt_dir, SIDECAR)
-    try:
-        if os.path.islink(path) or os.path.getsize(path) > _SIDECAR_MAX:
-            raise OSError("not a regular file of sane size")
-        with open(path, encoding="utf-8") as f:
-            side = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"not a hotspare checkpoint: {path} is missing (a checkpoint folder is the "
-            f"'step-<N>' folder that save() wrote, or its parent directory)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CheckpointError(
-            f"corrupt checkpoint {ckpt_dir}: {SIDECAR} cannot be read ({e}); load an older "
-            f"checkpoint by passing its step-<N> folder, or delete this one") from None
-    if not isinstance(side, dict) or "version" not in side:
-        raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {SIDECAR} has no format version")
-    if side["version"] == 1:
-        raise CheckpointError(
-            f"checkpoint {ckpt_dir} was written by a hotspare that did not authenticate "
-            f"checkpoints (format 1): it cannot be trusted; start from scratch, or load it with "
-            f"that release if you know where it came from")
-    if side["version"] != FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {ckpt_dir} has format version {side['version']!r}; this hotspare "
-            f"reads version {FORMAT_VERSION}: load it with the hotspare release that wrote it")
-    if not auth.mac_ok(key, _signed(side), side.get("mac")):
-        raise CheckpointError(
-            f"refused checkpoint {ckpt_dir}: its {SIDECAR} is not signed with this job's checkpoint "
-            f"key ({auth.key_path()}): it was altered, or written by someone else or with another key "
-            f"(pass that one with --checkpoint-key FILE)")
-    for field, typ in (("step", int), ("fingerprint", str), ("digest", str), ("nbytes", int),
-                       ("saved_at", (int, float)), ("tensors", dict), ("meta_digest", str),
-                       ("files", dict)):
-        if not isinstance(side.get(field), typ):
-            raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {SIDECAR} lacks a valid "
-                                  f"{field!r}")
-    return side
-
-
-def _verified(ckpt_dir: str, key: bytes) -> tuple[dict, bytes]:
-    """The sidecar and the DCP metadata bytes of a checkpoint whose every file is what its
-    writer listed (see the module docstring); nothing is deserialised here but JSON."""
-    side = _read_sidecar(ckpt_dir, key)
-    files = side["files"]
-    try:
-        present = set(os.listdir(ckpt_dir)) - {SIDECAR}
-    except OSError as e:
-        raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: cannot list it ({e})") from None
-    if present != set(files) or METADATA not in files:
-        extra, missing = sorted(present - set(files)), sorted(set(files) - present)
-        raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: it holds other files than its writer "
-                              f"listed (unexpected {extra}, missing {missing}); load an older checkpoint")
-    metadata = b""
-    for name, expected in sorted(files.items()):
-        path = os.path.join(ckpt_dir, name)
-        if os.path.islink(path) or not os.path.isfile(path):
-            raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {name} is not a regular file")
-        try:
-            if name == METADATA:       # hashed from the very bytes that are parsed later
-                with open(path, "rb") as f:
-                    metadata = f.read()
-                digest = hashlib.sha256(metadata).hexdigest()
-            else:
-                digest = auth.file_sha256(path)
-        except OSError as e:
-            raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {name} cannot be read ({e})") from None
-        if digest != expected:
-            raise CheckpointError(
-                f"corrupt checkpoint {ckpt_dir}: {name} was changed after writing (sha256 {digest[:16]}, "
-                f"signed {str(expected)[:16]}); load an older checkpoint by passing its step-<N> folder")
-    return side, metadata
-
-
-def verify(ckpt_dir: str, key: bytes | None = None) -> CheckpointInfo:
-    """Check a ``step-<N>`` folder's MAC and every file's digest without deserialising anything."""
-    return _info(ckpt_dir, _verified(ckpt_dir, key or auth.load_key())[0])
-
-
-def _info(ckpt_dir: str, side: dict) -> CheckpointInfo:
-    return CheckpointInfo(path=ckpt_dir, step=side["step"], fingerprint=side["fingerprint"],
-                          digest=side["digest"], nbytes=side["nbytes"],
-                          saved_at=float(side["saved_at"]))
-
-
-def _complete(directory: str) -> list[tuple[int, str]]:
-    """(step, folder) of every ``step-*`` folder with a readable sidecar, oldest first."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    out = []
-    for name in names:
-        m = _STEP_RE.match(name)
-        if m and os.path.isfile(os.path.join(directory, name, SIDECAR)):
-            out.append((int(m.group(1)), os.path.join(directory, name)))
-    return sorted(out)
-
-
-def _latest_name(directory: str) -> str | None:
-    try:
-        with open(os.path.join(directory, LATEST), encoding="utf-8") as f:
-            name = f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return name if _STEP_RE.match(name) else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,7 +151,7 @@ def save(directory: str, step: int, tensors: dict[str, torch.Tensor], meta: dict
     except OSError as e:
         raise CheckpointError(f"cannot create the checkpoint directory {directory}: {e}") from e
     tmp = os.path.join(directory, f".tmp-step-{step}-{os.getpid()}")
-    final = os.path.join(directory, _step_name(step))
+    final = os.path.join(directory, step_name(step))
     try:
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
@@ -333,93 +163,32 @@ def save(directory: str, step: int, tensors: dict[str, torch.Tensor], meta: dict
             "digest": tensor_digest(cpu), "nbytes": sum(t.nbytes for t in cpu.values()),
             "saved_at": time.time(),
             "tensors": {k: [str(t.dtype), list(t.shape)] for k, t in sorted(cpu.items())},
-            "meta_digest": _meta_digest(meta_json), "meta": json.loads(meta_json),
+            "meta_digest": meta_digest(meta_json), "meta": json.loads(meta_json),
             "files": {name: auth.file_sha256(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))},
         }
-        side["mac"] = auth.mac(key, _signed(side))
-        _write_file_durably(os.path.join(tmp, SIDECAR), json.dumps(side))
-        _fsync_dir(tmp)
+        side["mac"] = auth.mac(key, signed(side))
+        write_file_durably(os.path.join(tmp, SIDECAR), json.dumps(side))
+        fsync_dir(tmp)
         # 2. publish the folder atomically.
         old = None
         if os.path.exists(final):   # same step written again (e.g. after a rollback)
-            old = os.path.join(directory, f".old-{_step_name(step)}-{os.getpid()}")
+            old = os.path.join(directory, f".old-{step_name(step)}-{os.getpid()}")
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         # 3. point LATEST at it.
         latest_tmp = os.path.join(directory, f".{LATEST}.tmp-{os.getpid()}")
-        _write_file_durably(latest_tmp, _step_name(step) + "\n")
+        write_file_durably(latest_tmp, step_name(step) + "\n")
         os.replace(latest_tmp, os.path.join(directory, LATEST))
-        _fsync_dir(directory)
+        fsync_dir(directory)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except (Exception, _DCPError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"writing the checkpoint for step {step} to {directory} failed: "
                               f"{_why(e)} (check free space and permissions)") from e
-    _prune(directory, keep, step)
-    return _info(final, side)
-
-
-def _prune(directory: str, keep: int, just_saved: int) -> None:
-    protected = _latest_name(directory)
-    complete = _complete(directory)
-    for s, path in complete[:-keep] if len(complete) > keep else []:
-        if os.path.basename(path) != protected:
-            shutil.rmtree(path, ignore_errors=True)
-    # Remains of crashed writes of an older step can never complete any more.
-    for name in os.listdir(directory):
-        m = _TMP_RE.match(name)
-        if m and int(m.group(1)) < just_saved:
-            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-
-
-# --------------------------------------------------------------------------------------------
-# find and load
-
-
-def newest_valid(directory: str, key: bytes | None = None
-                 ) -> tuple[CheckpointInfo | None, list[tuple[str, str]]]:
-    """The newest checkpoint in ``directory`` that passes ``verify`` -- the one LATEST names
-    first, then the ``step-*`` folders newest first -- and ``(folder, reason)`` for each newer
-    one refused on the way. ``.tmp-*`` leftovers never count."""
-    key = key or auth.load_key()
-    try:
-        names = [n for n in os.listdir(directory) if _STEP_RE.match(n)]
-    except OSError:
-        names = []
-    order = sorted(names, key=lambda n: int(_STEP_RE.match(n).group(1)), reverse=True)
-    first = _latest_name(directory)
-    if first in order:
-        order.remove(first)
-        order.insert(0, first)
-    refused = []
-    for name in order:
-        path = os.path.join(directory, name)
-        if os.path.islink(path):
-            refused.append((path, f"{path} is a symbolic link, not a checkpoint this job wrote"))
-            continue
-        try:
-            return verify(path, key), refused
-        except CheckpointError as e:
-            refused.append((path, str(e)))
-    return None, refused
-
-
-def latest(directory: str, key: bytes | None = None) -> CheckpointInfo | None:
-    """The newest valid checkpoint in ``directory`` (see ``newest_valid``), or None."""
-    return newest_valid(directory, key)[0]
-
-
-def within(path: str, roots) -> bool:
-    """Whether ``path``, symbolic links resolved, lies inside one of ``roots`` (resolved too)."""
-    real = os.path.realpath(path)
-    for root in roots:
-        if root:
-            top = os.path.realpath(root)
-            if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
-                return True
-    return False
+    prune(directory, keep, step)
+    return info_of(final, side)
 
 
 def load(path_or_directory: str, fingerprint: str | None = None, *, key: bytes | None = None
@@ -448,7 +217,7 @@ def load(path_or_directory: str, fingerprint: str | None = None, *, key: bytes |
         ckpt = info.path
 
     # Authenticated first: nothing but JSON is read unless the MAC and every file digest fit.
-    side, metadata = _verified(ckpt, key)
+    side, metadata = verified(ckpt, key)
     if fingerprint is not None and side["fingerprint"] != fingerprint:
         raise CheckpointError(
             f"foreign checkpoint: saved by a job with a different model (fingerprint "
@@ -456,7 +225,7 @@ def load(path_or_directory: str, fingerprint: str | None = None, *, key: bytes |
             f"job at its own checkpoint directory, or restore the model definition it was "
             f"saved with")
     meta = side.get("meta")
-    if _meta_digest(json.dumps(meta, sort_keys=True)) != side["meta_digest"]:
+    if meta_digest(json.dumps(meta, sort_keys=True)) != side["meta_digest"]:
         raise CheckpointError(f"corrupt checkpoint {ckpt}: {SIDECAR} meta digest mismatch; "
                               f"load an older checkpoint by passing its step-<N> folder")
     try:
@@ -484,7 +253,7 @@ def load(path_or_directory: str, fingerprint: str | None = None, *, key: bytes |
             f"corrupt checkpoint {ckpt}: digest mismatch (recorded {side['digest'][:16]}, "
             f"read {digest[:16]}); the files were damaged after writing -- load an older "
             f"checkpoint by passing its step-<N> folder")
-    return side["step"], tensors, meta, _info(ckpt, side)
+    return side["step"], tensors, meta, info_of(ckpt, side)
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,9 @@ from typing import Any
 from hotspare.errors import ConfigError, HotspareError
 from hotspare.health import lifecycle, slurm as slurm_mod
 from hotspare.health.lifecycle import State
+from hotspare.health.reconcile import SlurmReconciler
 from hotspare.health.registry import DEFAULT_PATH, ENV_PATH, DeviceRecord, Registry
+from hotspare.health.types import node_of
 
 STATES_HELP = "\n".join(f"  {s.value:<12} {lifecycle.MEANING[s]}" for s in State)
 
@@ -34,8 +36,10 @@ shared by the coordinator and these commands; every write is locked and atomic.
 Slurm: where this host is part of a Slurm cluster (scontrol on PATH and $SLURM_CONF,
 /etc/slurm/slurm.conf, $SLURM_JOB_ID or $SLURM_CLUSTER_NAME), a device leaving service drains its
 node in Slurm (State=DRAIN Reason="hotspare: ..."), and the node is resumed when its last such
-device returns to service. hotspare never resumes a node someone else drained. --slurm on makes any
-Slurm failure an error; --slurm off leaves Slurm alone (default: ${slurm_mod.ENV_MODE} or auto).
+device returns to service. hotspare never resumes a node someone else drained. The registry change
+is written first; Slurm follows it, and a failure is recorded and retried (--sync-slurm; hotspare
+run retries periodically). --slurm on makes any Slurm failure an error (exit 1); --slurm off leaves
+Slurm alone (default: ${slurm_mod.ENV_MODE} or auto).
 """
 
 
@@ -103,9 +107,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_move, move="uncordon")
 
 
-def _registry(args: argparse.Namespace) -> Registry:
+def _registry(args: argparse.Namespace) -> tuple[Registry, SlurmReconciler | None]:
+    """The registry, and the reconciler that brings Slurm in line with it (None: Slurm off)."""
     mode = args.slurm or os.environ.get(slurm_mod.ENV_MODE) or "auto"
-    return Registry(args.db, slurm=mode)
+    reg = Registry(args.db)
+    return reg, SlurmReconciler.from_mode(reg, mode)
 
 
 def _fail(cmd: str, e: Exception) -> int:
@@ -113,8 +119,8 @@ def _fail(cmd: str, e: Exception) -> int:
     return 2 if isinstance(e, ValueError) else 1
 
 
-def _notes(reg: Registry) -> None:
-    for note in reg.slurm_notes:
+def _notes(notes: list[str]) -> None:
+    for note in notes:
         print(note, file=sys.stderr if "warning" in note else sys.stdout)
 
 
@@ -122,7 +128,7 @@ def _notes(reg: Registry) -> None:
 def run_move(args: argparse.Namespace) -> int:
     cmd = args.move
     try:
-        reg = _registry(args)
+        reg, slurm = _registry(args)
         before = reg.get(args.device)
         if cmd == "uncordon" and before.state is State.QUARANTINED:
             raise ConfigError(
@@ -140,7 +146,11 @@ def run_move(args: argparse.Namespace) -> int:
     else:
         print(f"{args.device}: {' -> '.join([new[0].src.value] + [t.dst.value for t in new])} "
               f"({args.reason})")
-    _notes(reg)
+    if slurm is not None:     # the change is written; Slurm follows it, outside the registry's lock
+        try:
+            _notes(slurm.reconcile([node_of(args.device)]).notes)
+        except slurm_mod.SlurmError as e:
+            return _fail(cmd, e)
     return 0
 
 
@@ -158,26 +168,29 @@ def _new_transitions(before: DeviceRecord, after: DeviceRecord) -> list[lifecycl
 
 # --- health ---------------------------------------------------------------------------------
 def run_health(args: argparse.Namespace) -> int:
+    notes: list[str] = []
     try:
-        reg = _registry(args)
+        reg, slurm = _registry(args)
         if args.sync_slurm:
-            if reg.slurm is None:
+            if slurm is None:
                 raise ConfigError("--sync-slurm: the Slurm integration is off here (use --slurm on "
                                   "to force it)")
-            reg.sync_slurm()
+            notes += slurm.reconcile().notes
         records = reg.devices()
         if args.devices:
             records = _select(reg, records, args.devices)
-        slurm_states = _slurm_states(reg, records)
+        slurm_states = _slurm_states(slurm, records, notes)
     except (HotspareError, ValueError) as e:
         return _fail("health", e)
     if args.json:
         print(json.dumps({"registry": str(reg.path), "revision": reg.revision(),
                           "devices": [r.to_json() for r in records],
                           "slurm": {n: {"state": s.state, "reason": s.reason}
-                                    for n, s in slurm_states.items()}}, indent=2))
+                                    for n, s in slurm_states.items()},
+                          "slurm_reconcile": {n: {"want": s.want, "error": s.error, "time": s.time}
+                                              for n, s in reg.slurm_status().items()}}, indent=2))
         return 0
-    _notes(reg)
+    _notes(notes)
     if not records:
         print(f"no devices in {reg.path} yet: devices appear when the coordinator, a telemetry "
               f"source or a check registers them")
@@ -189,8 +202,11 @@ def run_health(args: argparse.Namespace) -> int:
     for node, s in sorted(slurm_states.items()):
         if s.drained or any(r.node == node and r.state in lifecycle.OUT_OF_SERVICE for r in records):
             print(f"slurm: node {node} {s.state}" + (f" ({s.reason})" if s.reason else ""))
+    for node, st in reg.slurm_status().items():
+        if st.error:
+            print(f"slurm: node {node}: the last reconcile failed ({_ago(st.time)}): {st.error}")
     print(f"\nregistry {reg.path}, revision {reg.revision()}; "
-          f"slurm {'on' if reg.slurm and reg.slurm.strict else 'auto' if reg.slurm else 'off'}")
+          f"slurm {'on' if slurm and slurm.strict else 'auto' if slurm else 'off'}")
     return 0
 
 
@@ -210,15 +226,15 @@ def _select(reg: Registry, records: list[DeviceRecord], wanted: list[str]) -> li
     return [r for r in out if not (r.device in seen or seen.add(r.device))]
 
 
-def _slurm_states(reg: Registry, records: list[DeviceRecord]) -> dict[str, Any]:
-    if reg.slurm is None or not records:
+def _slurm_states(slurm: SlurmReconciler | None, records: list[DeviceRecord], notes: list[str]) -> dict[str, Any]:
+    if slurm is None or not records:
         return {}
     try:
-        return reg.slurm.states(sorted({r.node for r in records}))
+        return slurm.slurm.states(sorted({r.node for r in records}))
     except slurm_mod.SlurmError as e:
-        if reg.slurm.strict:
+        if slurm.strict:
             raise
-        reg.slurm_notes.append(f"slurm: warning: cannot read node states: {e}")
+        notes.append(f"slurm: warning: cannot read node states: {e}")
         return {}
 
 

@@ -58,7 +58,7 @@ def preflight(cfg: RunConfig) -> Preflight:
     checkpoint = _checkpoints(cfg)
     rules = None
     if cfg.health.health_rules:
-        from hotspare.health.rules import load_rules
+        from hotspare.health.rulefile import load_rules
         rules = load_rules(cfg.health.health_rules)     # refuse a bad rules file before starting
     if not os.path.isfile(cfg.script):
         raise ConfigError(f"script {cfg.script!r} not found: give the path of a training script, "

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     env.update(job_env(cfg, pre).to_env())
     events: queue.Queue = queue.Queue()
     try:
-        health, source, poller = _health_service(cfg, pre, events, log)
+        health, source, poller, reconciler = _health_service(cfg, pre, events, log)
     except ConfigError as e:
         return _fail(e)
     ledger, coord = _control_plane(cfg, pre, events, health, log)
@@ -188,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if poller is not None:
         poller.start()
+    if reconciler is not None:
+        reconciler.start(log=log)
     graceful = bool(cfg.checkpoint.checkpoint_dir)
     stop_signals = _StopSignals(events, graceful=graceful)
     try:
@@ -202,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
         if poller is not None:
             poller.stop()
         control.close()
+        # Device checks still running on the nodes finish first, unless the job was cut short.
+        coord.finish_checks(0.0 if ledger.outcome in ("interrupted", "preempted") else 30.0)
         # Released workers end by themselves (barrier, os._exit); after Ctrl-C nobody told them to.
         coord.stop_nodes(grace={"interrupted": 0.0, "preempted": 5.0}.get(ledger.outcome, 10.0))
         for agent in agents:
@@ -209,8 +213,9 @@ def run(args: argparse.Namespace) -> int:
         endpoint.close()
         if remote is not None:
             remote.close()
-    if health is not None:    # after Ctrl-C or SIGTERM, running diagnostics stop at once (the device stays quarantined)
-        health.close(cancel=ledger.outcome in ("interrupted", "preempted"))
+        if reconciler is not None:       # the job's last registry changes reach Slurm
+            reconciler.stop(log=log)
+    if health is not None:    # after Ctrl-C or SIGTERM, running diagnostics stopped at once (the device stays quarantined)
         ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
                           for r in health.registry.devices() if r.device in health.devices]
     ledger.nodes = coord.nodes.describe()
@@ -312,18 +317,19 @@ def _remote_endpoint(cfg: RunConfig, env: dict[str, str], events: "queue.Queue",
 
 
 def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
-    """The telemetry source, its poller (feeding the coordinator's queue) and the monitor."""
+    """The health desk, the telemetry source, its poller (feeding the coordinator's queue) and
+    the Slurm reconciler (None where Slurm is off)."""
     h = cfg.health
     if h.telemetry == "off":
-        return None, None, None
+        return None, None, None, None
     if cfg.hosts.remote_nodes:       # --telemetry auto: the devices of other hosts are not polled (yet)
         log("health: off (device telemetry and diagnostics of remote hosts are not collected yet; docs/DEPLOY.md)")
-        return None, None, None
+        return None, None, None, None
     import tempfile
 
     from hotspare.coordinator.health import HealthMonitor
     from hotspare.health.registry import ENV_PATH, Registry
-    from hotspare.health.rules import load_rules
+    from hotspare.health.rulefile import load_rules
     from hotspare.health.telemetry import NvmlSource, Poller, SimulatedSource
 
     slots = cfg.slots
@@ -341,47 +347,27 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
     db = h.health_db or os.environ.get(ENV_PATH)
     if db is None and source.name == "simulated":   # simulated devices are this run's own
         db = os.path.join(tempfile.mkdtemp(prefix="hotspare-health-"), "health.json")
-    registry = Registry(db, slurm="auto")             # real devices: the node's shared registry
+    registry = Registry(db)             # real devices: the node's shared registry
     db = str(registry.path)
+    # Slurm follows the registry (drain a node with a device out of service): reconciled in the
+    # background, outside the registry's lock, within a second of a change and every 30 s.
+    from hotspare.health.reconcile import SlurmReconciler
+    reconciler = SlurmReconciler.from_mode(registry, "auto")
     rules = pre.rules or load_rules()
 
     def reset(device: str) -> None:        # what a GPU reset does to the simulated device
         if isinstance(source, SimulatedSource):
             source.clear(device)
 
-    def diagnose(device: str, stop) -> tuple[bool, str]:
-        from hotspare.coordinator.health import diagnose_device
-        return diagnose_device(device, source, rules, stop=stop)
-
-    monitor = HealthMonitor(rules, registry, devices, log=log, diagnose=diagnose, reset=reset)
-    if h.admission != "off":
-        _admit(h.admission, devices, registry, log)
+    # Admission and quarantine diagnostics run on the node agents (hotspare.agent.checks).
+    monitor = HealthMonitor(rules, registry, devices, log=log, poll=source.poll, reset=reset,
+                            admission=h.admission)
     from hotspare.coordinator.events import Readings
     poller = Poller(source, lambda readings: events.put(Readings(readings, time.time())),
                     period_s=h.telemetry_period)
     log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db} "
         f"(hotspare health --db {db})")
-    return monitor, source, poller
-
-
-def _admit(size: str, devices: list[str], registry, log) -> None:
-    """Admission checks of this node's devices; a failing one is quarantined before any work."""
-    from hotspare.health.checks.admission import run_admission
-    from hotspare.health.types import node_of
-    kind = "gpu" if "/gpu" in devices[0] else "cpu"
-    log(f"ADMISSION {len(devices)} {kind} device(s), size {size}")
-    try:
-        reports = run_admission(len(devices), size=size, kind=kind, node=node_of(devices[0]),
-                                progress=lambda line: None)
-    except ConfigError as e:
-        raise ConfigError(f"--admission: {e}") from None
-    for report in reports:
-        if report.passed:
-            log(f"ADMISSION {report.device}: pass")
-        else:
-            reason = "; ".join(report.reasons)
-            registry.quarantine(report.device, f"failed admission: {reason}", actor="rule:admission")
-            log(f"ADMISSION {report.device}: FAIL ({reason}): quarantined, it gets no work")
+    return monitor, source, poller, reconciler
 
 
 def _device_fault(source, log):

@@ -62,6 +62,8 @@ class Coordinator:
         self.progress = Progress(at=time.time())
         self.vetter = CheckpointVetter(checkpoint_key, ledger, log)
         self.health = health                    # coordinator.health.HealthMonitor, or None
+        if health is not None:
+            health.attach(nodes.tell)           # its checks run on the nodes (hotspare.agent.checks)
         self.executor = Executor(nodes, view, ledger, self.progress, self.vetter, log, checkpoint_dir,
                                  join_timeout, health)
         self.debug = bool(os.environ.get("HOTSPARE_DEBUG"))
@@ -71,7 +73,8 @@ class Coordinator:
         # event type -> its handler; plug-ins add listeners, which run after it (``listen``)
         self._events: dict[type, Callable[[Any], None]] = {
             ev.NodeConnected: self._node_connected, ev.NodeLost: self._node_lost,
-            ev.AgentRefused: self._agent_refused, ev.WorkerStarted: _nothing, ev.WorkerStopped: _nothing,
+            ev.AgentRefused: self._agent_refused, ev.DeviceChecked: self._device_checked,
+            ev.WorkerStarted: _nothing, ev.WorkerStopped: _nothing,
             ev.WorkerExited: self._worker_exited, ev.WorkerSaid: self._worker_said,
             ev.Readings: self._readings, ev.OperatorCommand: self._command, ev.Preempt: self._preempt,
         }
@@ -107,6 +110,11 @@ class Coordinator:
                 raise ConfigError(f"{len(self.nodes.live_nodes())} of {nodes} node agent(s) connected "
                                   f"within {timeout:.0f} s") from None
             self.handle(event)
+        while self.health is not None and self.health.admitting:   # the nodes' admission checks
+            try:
+                self.handle(self.events.get(timeout=1.0))
+            except queue.Empty:
+                pass
         for rank in range(self.view.world_size):
             if self.nodes.spawn("active", rank=rank) is None:
                 raise ConfigError(f"only {len(self.nodes.free_devices())} usable device(s) for "
@@ -114,6 +122,33 @@ class Coordinator:
                                   "lower --nproc")
         self.executor.spawn_spares(self.view.target_spares)   # the initial pool: not replacements
         self.view.starting += self.view.target_spares
+
+    def finish_checks(self, timeout: float) -> None:
+        """Before the agents go: wait at most ``timeout`` seconds for the device checks still
+        running on the nodes (a device that passes goes back to the pool for the next job);
+        then start no more. Only the picture of the workers is kept current meanwhile."""
+        if self.health is None:
+            return
+        deadline = time.time() + timeout
+        while self.health.pending() and time.time() < deadline:
+            try:
+                event = self.events.get(timeout=max(0.0, deadline - time.time()))
+            except queue.Empty:
+                break
+            self._wind_down(event)
+        self.health.stop()
+
+    def _wind_down(self, event: ev.Event) -> None:
+        """An event while the job winds down: no decision is taken any more."""
+        if isinstance(event, ev.NodeLost):
+            node = self.nodes.nodes.get(event.node)
+            self.nodes.lose(event.node, event.channel)
+            if self.health is not None and node is not None and node.channel is event.channel:
+                self.health.node_lost(event.node)       # not for a refused second link of its name
+        elif isinstance(event, (ev.WorkerExited, ev.WorkerStarted, ev.WorkerStopped)):
+            self.nodes.observe(event)
+        elif isinstance(event, ev.DeviceChecked):
+            self._device_checked(event)
 
     def stop_nodes(self, grace: float) -> None:
         """Ask every node agent to end its workers (SIGKILL after ``grace`` seconds) and wait
@@ -126,10 +161,7 @@ class Coordinator:
                 event = self.events.get(timeout=max(0.0, deadline - time.time()))
             except queue.Empty:
                 break
-            if isinstance(event, ev.NodeLost):
-                self.nodes.lose(event.node, event.channel)
-            elif isinstance(event, (ev.WorkerExited, ev.WorkerStarted, ev.WorkerStopped)):
-                self.nodes.observe(event)
+            self._wind_down(event)
         for name in [n.name for n in self.nodes.live_nodes()]:
             self.log(f"NODE    {name}: its agent did not close its link within {grace + 5.0:.0f} s")
 
@@ -192,6 +224,12 @@ class Coordinator:
             return
         slots = f"{len(node.devices)} device slot(s)" if node.devices else "no device slots"
         self.log(f"NODE    {e.node}: agent pid {node.pid} connected, {slots}")
+        if self.health is not None:
+            self.health.node_connected(node.name, node.devices)
+
+    def _device_checked(self, e: ev.DeviceChecked) -> None:
+        if self.health is not None:
+            self.health.checked(e)
 
     def _agent_refused(self, e: ev.AgentRefused) -> None:
         self.log(f"NODE    {e.node} refused {e.command!r}: {e.message}")
@@ -200,6 +238,8 @@ class Coordinator:
         if e.node in self.nodes.nodes and self.nodes.nodes[e.node].channel is not e.channel:
             return                  # a link refused above
         lost = self.nodes.lose(e.node, e.channel)
+        if self.health is not None:
+            self.health.node_lost(e.node)
         if lost or not self.view.phase.over:
             self.log(f"NODE    {e.node}: the link to its agent closed; {len(lost)} worker(s) lost with it")
         for w in lost:

@@ -43,6 +43,19 @@ class AgentRefused:
 
 
 @dataclass(frozen=True)
+class DeviceChecked:
+    """A node agent's verdict on one of its devices: admission or one quarantine diagnostics
+    pass (``hotspare.agent.checks``). ``cancelled``: cut short, no verdict."""
+    node: str
+    device: str
+    stage: str
+    passed: bool
+    cancelled: bool
+    detail: str
+    t: float
+
+
+@dataclass(frozen=True)
 class WorkerStarted:
     worker: str
     pid: int
@@ -110,7 +123,7 @@ class Preempt:
     t: float
 
 
-Event = Union[NodeConnected, NodeLost, AgentRefused, WorkerStarted, WorkerStopped, WorkerExited,
+Event = Union[NodeConnected, NodeLost, AgentRefused, DeviceChecked, WorkerStarted, WorkerStopped, WorkerExited,
               WorkerSaid, FaultInjected, Readings, OperatorCommand, Preempt]
 
 # the events about one worker, which a node may send only for its own workers
@@ -132,7 +145,14 @@ _DECODE: dict[str, Callable[[str, Message, Callable[[float], float], float], Eve
     "stopped": lambda node, m, t, now: WorkerStopped(m["worker"], m["stopped"], now),
     "injected": lambda node, m, t, now: FaultInjected(m["worker"], m["fault"], m["id"], t(m["t"])),
     "refused": lambda node, m, t, now: AgentRefused(node, m["command"], m["message"], now),
+    "checked": lambda node, m, t, now: _checked(node, m, now),
 }
+
+
+def _checked(node: str, msg: Message, now: float) -> DeviceChecked:
+    if msg["stage"] not in ("admission", "quarantine"):
+        raise ProtocolError(f"a check verdict of stage {msg['stage']!r}: admission or quarantine")
+    return DeviceChecked(node, msg["device"], msg["stage"], msg["passed"], msg["cancelled"], msg["detail"], now)
 
 
 def decode(node: str, msg: Message, stamp: Callable[[float], float], now: float) -> Event:

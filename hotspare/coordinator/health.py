@@ -11,22 +11,25 @@ Readings come from two places and meet the same rules:
 breaker, repeat offender) on the result; the coordinator turns a verdict into a
 ``policy.HealthVerdict`` signal, so health actions go through the same pure ``decide`` as
 failover. The device lifecycle (healthy → cordoned → draining → quarantined → healthy/retired) is
-kept in the registry; quarantine diagnostics run in a background thread.
+kept in the registry. Admission and quarantine diagnostics run on the node that holds the device,
+as its agent's commands (``admit``, ``diagnose``: ``hotspare.agent.checks``); their verdicts come
+back as events. Nothing here imports torch.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import statistics
-import threading
 import time
 from typing import Callable
 
+from hotspare.coordinator.events import DeviceChecked
 from hotspare.health import types as T
-from hotspare.health.checks.result import CheckCancelled
 from hotspare.health.lifecycle import State
 from hotspare.health.registry import Registry
 from hotspare.health.rules import FleetState, RuleSet, apply_fleet_policies, evaluate, worst
 from hotspare.health.types import Reading, Verdict
+from hotspare.protocol.messages import Message, make
 
 EVENT_METRICS = (T.FINGERPRINT_MISMATCH, T.NONFINITE)   # one-off runtime events
 STRAGGLER_WINDOW = 10      # steps of compute time per rank behind one straggler score
@@ -35,21 +38,28 @@ STRAGGLER_WINDOW = 10      # steps of compute time per rank behind one straggler
 class HealthMonitor:
     def __init__(self, rules: RuleSet, registry: Registry, devices: list[str],
                  log: Callable[[str], None] = print,
-                 diagnose: Callable[[str, threading.Event], tuple[bool, str]] | None = None,
-                 reset: Callable[[str], None] | None = None, diagnostics_passes: int = 2):
-        """``diagnose(device, stop)`` runs a quarantined device's diagnostics in a background
-        thread; it should give up with ``CheckCancelled`` soon after ``stop`` is set (``close``)."""
+                 poll: Callable[[], list[Reading]] | None = None,
+                 reset: Callable[[str], None] | None = None, diagnostics_passes: int = 2,
+                 size: str = "small", admission: str = "off"):
+        """``poll()``: the telemetry source's readings now; a quarantined device's telemetry
+        must be clean again before each diagnostics pass. ``reset(device)``: what a GPU reset
+        does, before the first pass. The checks themselves run on the node that holds the
+        device (``hotspare.agent.checks``): commands go down through ``attach``'s ``tell``,
+        verdicts come back as ``DeviceChecked`` events (``checked``). ``admission``: "off", or
+        the size of the admission checks a node's devices pass before they take work."""
         self.rules, self.registry, self.devices, self.log = rules, registry, list(devices), log
         self.history: dict[str, list[Reading]] = {}
         self.rank_device: dict[int, str] = {}
         self.compute: dict[int, collections.deque] = {}
         self.window_median: dict[int, float] = {}
         self.remediations: list[tuple[float, str]] = []
-        self.diagnose, self.reset, self.passes = diagnose, reset, diagnostics_passes
-        self.diagnosing: set[str] = set()
+        self.poll, self.reset, self.passes, self.size, self.admission = poll, reset, diagnostics_passes, size, admission
+        self.diagnosing: dict[str, int] = {}      # device -> diagnostics passes it passed so far
+        self.admitting: set[str] = set()
         self.retiring: set[str] = set()
-        self._threads: list[threading.Thread] = []
-        self._stop = threading.Event()   # the job is stopping: start no diagnostics, cut running ones short
+        self.owner: dict[str, str] = {}           # device -> the node that holds it
+        self._tell: Callable[[str, Message], bool] | None = None
+        self._stopping = False    # the job is stopping: start no diagnostics (running ones answer)
         self._revision = 0         # the registry's revision last seen (operator commands)
         self._said: dict[str, str] = {}
         for d in self.devices:
@@ -57,13 +67,54 @@ class HealthMonitor:
             for t, _ in ((x, d) for x in self.registry.get(d).remediations):
                 self.remediations.append((t, d))
         self._revision = self.registry.revision()
-        for d in self.devices:     # a job that stopped mid-diagnostics left these: take them up again
+
+    def attach(self, tell: Callable[[str, Message], bool]) -> None:
+        """``tell(node, command)`` sends a command to a node's agent (``Nodes.tell``)."""
+        self._tell = tell
+
+    def pending(self) -> bool:
+        """Is a check running on a node that the desk waits for?"""
+        return bool(self.diagnosing or self.admitting)
+
+    def node_connected(self, node: str, devices: list[str]) -> None:
+        """A node's agent connected: its devices pass admission (when asked for); a device a
+        job left quarantined mid-diagnostics is diagnosed again."""
+        mine = [d for d in devices if d in self.devices]
+        for d in mine:
+            self.owner[d] = node
+        fresh = [d for d in mine if self.registry.get(d).state != State.QUARANTINED]
+        if self.admission != "off" and fresh:
+            kinds = sorted({"gpu" if "/gpu" in d else "cpu" for d in fresh})
+            self.log(f"ADMISSION {len(fresh)} {'/'.join(kinds)} device(s), size {self.admission}")
+            for kind in kinds:       # one device group per kind
+                group = [d for d in fresh if ("/gpu" in d) == (kind == "gpu")]
+                self.admitting.update(group)
+                if not self._command(node, make("admit", devices=group, size=self.admission)):
+                    self.admitting.difference_update(group)
+                    self.log(f"ADMISSION {', '.join(group)}: node {node} is gone; not admitted")
+        for d in mine:
             if self.registry.get(d).state == State.QUARANTINED:
                 self._start_diagnostics(d)
+
+    def node_lost(self, node: str) -> None:
+        """The link to ``node`` closed: its checks will not answer."""
+        for d in [d for d, n in self.owner.items() if n == node]:
+            del self.owner[d]
+            if d in self.diagnosing:
+                del self.diagnosing[d]
+                self.log(f"QUARANTINE {d}: node {node} is gone mid-diagnostics; the device stays quarantined "
+                         f"and the next job on this node diagnoses it again")
+            self.admitting.discard(d)
+
+    def stop(self) -> None:
+        """The job is stopping: no more diagnostics start (those running still answer)."""
+        self._stopping = True
 
     # ------------------------------------------------------------------ devices
     def usable(self, device: str) -> bool:
         """May a new worker start on ``device``? (healthy or merely suspect)."""
+        if device in self.admitting:
+            return False
         rec = self.registry.find(device)
         return rec is None or rec.state in (State.HEALTHY, State.SUSPECT)
 
@@ -202,92 +253,92 @@ class HealthMonitor:
             self._start_diagnostics(device)
 
     def _start_diagnostics(self, device: str) -> None:
-        if self.diagnose is None or device in self.diagnosing:
+        if device in self.diagnosing or device not in self.owner:   # not connected: when it does
             return
-        if self._stop.is_set():
+        if self._stopping:
             self.log(f"QUARANTINE {device}: the job is stopping; diagnostics not started (the device "
                      f"stays quarantined; the next job on this node diagnoses it)")
             return
-        self.diagnosing.add(device)
-        thread = threading.Thread(target=self._diagnostics, args=(device,), name=f"diagnose-{device}",
-                                  daemon=True)
-        self._threads.append(thread)
-        thread.start()
-        self.log(f"QUARANTINE {device}: drained; diagnostics started (burn-in, memory patterns; back in "
-                 f"the pool after {self.passes} passes)")
-
-    def close(self, timeout: float = 30.0, cancel: bool = False) -> None:
-        """Wait for running diagnostics (a torch op cut off at interpreter exit aborts the process).
-        ``cancel`` (Ctrl-C) cuts them short instead: each stops after its current step, and its
-        device stays quarantined, with no verdict, until diagnostics pass another time."""
-        if cancel:
-            self._stop.set()
-        deadline = time.time() + timeout
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.time()))
-        self._stop.set()
-
-    def _diagnostics(self, device: str) -> None:
-        try:
-            if self.reset is not None:
+        if self.reset is not None:
+            try:
                 self.reset(device)               # e.g. a GPU reset; the simulated device resets
-            for i in range(self.passes):
-                ok, detail = self.diagnose(device, self._stop)
-                if not ok:
-                    self.registry.diagnostics_failed(device, detail)
-                    self.log(f"QUARANTINE {device}: diagnostics failed ({detail}): {self.registry.get(device).state.value}")
-                    return
-                rec = self.registry.diagnostics_passed(device, detail)
-                self.log(f"QUARANTINE {device}: diagnostics pass {i + 1}/{self.passes}: {detail}")
-                if rec.state == State.HEALTHY:
-                    self.history.pop(device, None)
-                    self._said.pop(device, None)
-                    self.log(f"HEALTHY {device}: back in the pool after {i + 1} passing diagnostics")
-                    return
-        except CheckCancelled:
-            self.log(f"QUARANTINE {device}: diagnostics cut short, the job is stopping; the device stays "
+            except Exception as e:  # noqa: BLE001
+                self.log(f"QUARANTINE {device}: the reset failed ({e}); diagnostics go on")
+        self.diagnosing[device] = 0
+        self.log(f"QUARANTINE {device}: drained; diagnostics started on node {self.owner[device]} (burn-in, "
+                 f"memory patterns; back in the pool after {self.passes} passes)")
+        self._next_pass(device)
+
+    def _next_pass(self, device: str) -> None:
+        """Telemetry first (clean again after the reset), then the node's checks."""
+        bad = self._telemetry_trips(device)
+        if bad is not None:
+            self._failed(device, f"telemetry still trips {bad.rule}: {bad.reason}")
+            return
+        node = self.owner.get(device)
+        if node is None or not self._command(node, make("diagnose", device=device, size=self.size)):
+            del self.diagnosing[device]
+            self.log(f"QUARANTINE {device}: diagnostics could not run: its node is gone; it stays quarantined")
+
+    def _telemetry_trips(self, device: str) -> Verdict | None:
+        if self.poll is None:
+            return None
+        now = time.time()
+        readings = [r for r in self.poll() if r.device == device]
+        bad = [v for v in evaluate(self.rules, readings, now) if T.SEVERITY[v.action] > T.SEVERITY[T.WATCH]]
+        return worst(bad) if bad else None
+
+    def _command(self, node: str, msg: Message) -> bool:
+        return self._tell is not None and self._tell(node, msg)
+
+    def _failed(self, device: str, detail: str) -> None:
+        del self.diagnosing[device]
+        self.registry.diagnostics_failed(device, detail)
+        self.log(f"QUARANTINE {device}: diagnostics failed ({detail}): {self.registry.get(device).state.value}")
+
+    def checked(self, e: DeviceChecked) -> None:
+        """A node's verdict on one of its devices (admission, or one diagnostics pass)."""
+        if self.owner.get(e.device) != e.node:
+            self.log(f"HEALTH  ignoring node {e.node}'s {e.stage} verdict on {e.device}: not its device")
+            return
+        if e.stage == "admission":
+            self._admitted(e)
+        elif e.device not in self.diagnosing:
+            self.log(f"HEALTH  ignoring node {e.node}'s diagnostics of {e.device}: none were asked for")
+        elif e.cancelled:
+            del self.diagnosing[e.device]
+            self.log(f"QUARANTINE {e.device}: diagnostics cut short, the job is stopping; the device stays "
                      f"quarantined and the next job on this node diagnoses it again")
-        except Exception as e:  # noqa: BLE001
-            self.log(f"QUARANTINE {device}: diagnostics could not run: {e}")
-        finally:
-            self.diagnosing.discard(device)
+        elif not e.passed:
+            self._failed(e.device, e.detail)
+        else:
+            done = self.diagnosing[e.device] + 1
+            self.diagnosing[e.device] = done
+            rec = self.registry.diagnostics_passed(e.device, e.detail)
+            self.log(f"QUARANTINE {e.device}: diagnostics pass {done}/{self.passes}: {e.detail}")
+            if rec.state == State.HEALTHY:
+                del self.diagnosing[e.device]
+                self.history.pop(e.device, None)
+                self._said.pop(e.device, None)
+                self.log(f"HEALTHY {e.device}: back in the pool after {done} passing diagnostics")
+            elif done >= self.passes:
+                del self.diagnosing[e.device]
+            else:
+                self._next_pass(e.device)
+
+    def _admitted(self, e: DeviceChecked) -> None:
+        if e.device not in self.admitting:
+            self.log(f"HEALTH  ignoring node {e.node}'s admission of {e.device}: none was asked for")
+            return
+        self.admitting.discard(e.device)
+        if e.cancelled:
+            self.log(f"ADMISSION {e.device}: cut short; not admitted")
+        elif e.passed:
+            self.log(f"ADMISSION {e.device}: pass")
+        else:
+            self.registry.quarantine(e.device, f"failed admission: {e.detail}", actor="rule:admission")
+            self.log(f"ADMISSION {e.device}: FAIL ({e.detail}): quarantined, it gets no work")
 
 
 def _with_rank(v: Verdict, rank: int | None) -> Verdict:
-    import dataclasses
     return dataclasses.replace(v, rank=rank)
-
-
-def diagnose_device(device: str, source, rules: RuleSet, size: str = "small",
-                    stop: threading.Event | None = None) -> tuple[bool, str]:
-    """Quarantine diagnostics of one device: its telemetry must be clean again (after the reset)
-    and the checks of hotspare.health.checks (burn-in against a float64 reference, memory
-    patterns) must pass. Runs in the launcher, on the device's kind (CPU here). Setting ``stop``
-    ends it early with ``CheckCancelled``."""
-    import torch
-
-    from hotspare.health.checks.burnin import burn_in
-    from hotspare.health.checks.memory import memory_test
-    from hotspare.health.checks.sizes import sizes_for
-
-    now = time.time()
-    readings = [r for r in source.poll() if r.device == device]
-    bad = [v for v in evaluate(rules, readings, now) if T.SEVERITY[v.action] > T.SEVERITY[T.WATCH]]
-    if bad:
-        v = worst(bad)
-        return False, f"telemetry still trips {v.rule}: {v.reason}"
-    kind = "gpu" if "/gpu" in device else "cpu"
-    torch_device = f"cuda:{device.rsplit('gpu', 1)[1]}" if kind == "gpu" else "cpu"
-    sizes = sizes_for("quarantine", kind, size)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)           # the launcher shares the node with the training workers
-    try:
-        results = [burn_in(device, torch_device, n=sizes.matmul_n, reps=sizes.burn_reps,
-                           seconds=sizes.burn_seconds, stop=stop),
-                   memory_test(device, torch_device, nbytes=sizes.mem_bytes, stop=stop)]
-    finally:
-        torch.set_num_threads(threads)
-    failed = [f"{r.name}: {r.detail}" for r in results if not r.passed]
-    if failed:
-        return False, "; ".join(failed)
-    return True, "telemetry clean; " + "; ".join(f"{r.name} ok" for r in results)

@@ -18,9 +18,11 @@ Change detection: the file carries a ``revision`` that every write increments, a
 record the revision of its last change, so a poller asks ``changed_since(last_revision)``. The
 parsed file is cached by its text, so polling an unchanged registry costs one read and no parse.
 
-Slurm: ``Registry(path, slurm="auto"|"on"|SlurmNodes(...))`` drains a node in Slurm while any of
-its devices is out of service and resumes it after (see ``hotspare.health.slurm``). What Slurm said
-is in ``registry.slurm_notes`` after each call.
+Slurm: the registry is the *desired* state of each node (drained while any of its devices is out
+of service, ``out_of_service()``). It never calls Slurm: the reconciler (``hotspare.health.reconcile``)
+compares that with Slurm's and calls ``scontrol`` outside the lock, after writes and periodically,
+and records here what happened last per node (``slurm_status()``: the reason it applied, the last
+error), so a failure is seen and retried rather than lost.
 """
 from __future__ import annotations
 
@@ -30,9 +32,7 @@ import dataclasses
 import difflib
 import fcntl
 import json
-import math
 import os
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -40,9 +40,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from hotspare.errors import ConfigError, HotspareError, InvalidTransition
 from hotspare.health import lifecycle
-from hotspare.health.lifecycle import IN_SERVICE, OUT_OF_SERVICE, State, Transition
-from hotspare.health.slurm import SlurmNodes, node_reason
-from hotspare.health.types import Reading, node_of
+from hotspare.health.lifecycle import IN_SERVICE, OUT_OF_SERVICE, State
+from hotspare.health.records import (DeviceRecord, LastReading, check_device_name, new_record, out_by_node,
+                                     record_from_json, storable)
+from hotspare.health.types import Reading
+
+__all__ = ["Registry", "RegistryError", "UnknownDevice", "DeviceRecord", "LastReading", "SlurmStatus",
+           "check_device_name", "default_path", "ENV_PATH"]
 
 ENV_PATH = "HOTSPARE_HEALTH_DB"
 DEFAULT_PATH = "~/.hotspare/health.json"
@@ -51,7 +55,6 @@ SCHEMA = 1
 HISTORY_KEEP = 200          # transitions kept per device
 REMEDIATIONS_KEEP = 100     # remediation timestamps kept per device
 
-_DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z]+[0-9]+$")
 # How far along the way out of service a state is, for the idempotent convenience methods.
 _DEPTH = {State.HEALTHY: 0, State.SUSPECT: 0, State.CORDONED: 1, State.DRAINING: 2,
           State.QUARANTINED: 3, State.RETIRED: 4}
@@ -69,99 +72,34 @@ def default_path() -> Path:
     return Path(os.environ.get(ENV_PATH) or DEFAULT_PATH).expanduser()
 
 
-def check_device_name(device: str) -> str:
-    if not isinstance(device, str) or not _DEVICE_RE.match(device):
-        raise ConfigError(f"device name {device!r} must look like NODE/KINDINDEX, e.g. 'host1/gpu0' "
-                          f"(NODE is the host name Slurm knows, KIND letters, INDEX digits)")
-    return device
-
-
-@dataclasses.dataclass(frozen=True)
-class LastReading:
-    source: str
-    time: float
-    metrics: Mapping[str, Any]
-    rank: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceRecord:
-    device: str
-    node: str
-    state: State
-    reason: str
-    since: float                      # when it entered ``state``
-    actor: str                        # who moved it there
-    history: tuple[Transition, ...]   # oldest first
-    readings: Mapping[str, LastReading]   # the last reading per source
-    diagnostics_passes: int           # in a row, since it entered quarantine
-    remediations: tuple[float, ...]   # times a rule took it out of service (or record_remediation)
-    rank: int | None
-    job: str | None
-    revision: int                     # registry revision of the last change to this record
-
-    @property
-    def last_reading(self) -> LastReading | None:
-        return max(self.readings.values(), key=lambda r: r.time, default=None)
-
-    def to_json(self) -> dict[str, Any]:
-        return _record_to_json(self)
-
-
-def _new_record(device: str, state: State, reason: str, actor: str, now: float) -> dict[str, Any]:
-    return {"node": node_of(device), "state": state.value, "reason": reason, "since": now,
-            "actor": actor, "history": [], "readings": {}, "diagnostics_passes": 0,
-            "remediations": [], "rank": None, "job": None, "revision": 0}
-
-
-def _metrics_from_json(m: Mapping[str, Any]) -> dict[str, Any]:
-    # JSON has no tuples; metric values that are sequences (e.g. xids) are tuples in types.Reading.
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in m.items()}
-
-
-def _record_from_json(device: str, d: Mapping[str, Any]) -> DeviceRecord:
-    return DeviceRecord(
-        device=device, node=str(d["node"]), state=State(d["state"]), reason=str(d["reason"]),
-        since=float(d["since"]), actor=str(d["actor"]),
-        history=tuple(Transition.from_json(t) for t in d["history"]),
-        readings={src: LastReading(src, float(r["time"]), _metrics_from_json(r["metrics"]), r.get("rank"))
-                  for src, r in d["readings"].items()},
-        diagnostics_passes=int(d["diagnostics_passes"]),
-        remediations=tuple(float(t) for t in d["remediations"]),
-        rank=d["rank"], job=d["job"], revision=int(d["revision"]))
-
-
-def _record_to_json(r: DeviceRecord) -> dict[str, Any]:
-    return {"device": r.device, "node": r.node, "state": r.state.value, "reason": r.reason,
-            "since": r.since, "actor": r.actor, "history": [t.to_json() for t in r.history],
-            "readings": {s: {"time": x.time, "metrics": dict(x.metrics), "rank": x.rank}
-                         for s, x in r.readings.items()},
-            "diagnostics_passes": r.diagnostics_passes, "remediations": list(r.remediations),
-            "rank": r.rank, "job": r.job, "revision": r.revision}
-
-
 def _empty() -> dict[str, Any]:
     return {"format": FORMAT, "schema": SCHEMA, "revision": 0, "devices": {}}
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmStatus:
+    """What the reconciler last did to one node (``Registry.slurm_status``)."""
+    node: str
+    want: str | None        # the drain reason it applied, None: in service
+    error: str | None       # why the last reconcile of the node failed; None: it succeeded
+    time: float
 
 
 class Registry:
     """The device registry in one JSON file. Safe to use from several processes at once."""
 
     def __init__(self, path: str | os.PathLike | None = None, *,
-                 slurm: "str | SlurmNodes | None" = None,
                  passes_required: int = lifecycle.DEFAULT_PASSES_REQUIRED,
                  clock: Callable[[], float] = time.time):
         if passes_required < 1:
             raise ConfigError(f"passes_required must be at least 1, got {passes_required}")
         self.path = Path(path).expanduser() if path is not None else default_path()
-        self.slurm = SlurmNodes.from_mode(slurm)
         self.passes_required = passes_required
         self.clock = clock
-        self.slurm_notes: list[str] = []     # what the Slurm sync did during the last call
         self._cache: tuple[str, dict[str, Any]] | None = None
 
     def __repr__(self) -> str:
-        return f"Registry({str(self.path)!r}, slurm={self.slurm!r})"
+        return f"Registry({str(self.path)!r})"
 
     # --- reading -------------------------------------------------------------------------------
     def _parse(self, text: str) -> dict[str, Any]:
@@ -183,7 +121,7 @@ class Registry:
         try:
             int(data["revision"])
             for device, d in data["devices"].items():
-                _record_from_json(device, d)
+                record_from_json(device, d)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise RegistryError(f"health registry {self.path} has a malformed entry "
                                 f"({type(e).__name__}: {e}); {fix}") from None
@@ -209,11 +147,11 @@ class Registry:
     def devices(self) -> list[DeviceRecord]:
         """Every device, sorted by name."""
         devices = self._read()["devices"]
-        return [_record_from_json(name, devices[name]) for name in sorted(devices)]
+        return [record_from_json(name, devices[name]) for name in sorted(devices)]
 
     def find(self, device: str) -> DeviceRecord | None:
         d = self._read()["devices"].get(check_device_name(device))
-        return None if d is None else _record_from_json(device, d)
+        return None if d is None else record_from_json(device, d)
 
     def get(self, device: str) -> DeviceRecord:
         record = self.find(device)
@@ -224,7 +162,7 @@ class Registry:
     def changed_since(self, revision: int) -> tuple[int, list[DeviceRecord]]:
         """``(current revision, records changed after `revision`)``; poll with the returned revision."""
         data = self._read()
-        changed = [_record_from_json(n, d) for n, d in sorted(data["devices"].items())
+        changed = [record_from_json(n, d) for n, d in sorted(data["devices"].items())
                    if int(d["revision"]) > revision]
         return int(data["revision"]), changed
 
@@ -245,7 +183,6 @@ class Registry:
 
         Nothing is written when the body leaves the data unchanged or raises.
         """
-        self.slurm_notes = []
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             lock = open(self.path.with_name(self.path.name + ".lock"), "a")
@@ -286,15 +223,10 @@ class Registry:
         self._cache = (text, data)
 
     @contextlib.contextmanager
-    def _update(self, sync: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
-        """``_locked`` plus the bookkeeping: when the body changed anything, the file revision goes
-        up by one and every changed record is stamped with it; then every node whose set of
-        out-of-service devices changed (and the nodes of the ``sync`` devices) is synced to Slurm.
-
-        Slurm is told before the file is written, still under the lock: with a strict ``SlurmNodes``
-        a failing scontrol leaves the registry unchanged; otherwise the failure becomes a warning in
-        ``slurm_notes`` and the change is written.
-        """
+    def _update(self) -> Iterator[dict[str, Any]]:
+        """``_locked`` plus the bookkeeping: when the body changed any device, the file revision
+        goes up by one and every changed record is stamped with it. A pure file update: what it
+        means for Slurm is the reconciler's business, after the lock is released."""
         with self._locked() as data:
             old = copy.deepcopy(data["devices"])
             yield data
@@ -304,16 +236,6 @@ class Registry:
                 data["revision"] = int(data["revision"]) + 1
                 for n in changed:
                     devices[n]["revision"] = data["revision"]
-            if self.slurm is None:
-                return
-            forced = {node_of(d) for d in sync}
-            was, now = _out_by_node(old), _out_by_node(devices)
-            for node in sorted(set(was) | set(now) | forced):
-                want = now.get(node, ())
-                if node in forced or want != was.get(node, ()):
-                    note = self.slurm.sync(node, node_reason(want))
-                    if note:
-                        self.slurm_notes.append(note)
 
     def _rec(self, data: dict[str, Any], device: str) -> dict[str, Any]:
         rec = data["devices"].get(check_device_name(device))
@@ -346,8 +268,8 @@ class Registry:
         lifecycle.actor_kind(actor)
         with self._update() as data:
             if device not in data["devices"]:
-                data["devices"][device] = _new_record(device, state, reason, actor, self.clock())
-        return _record_from_json(device, data["devices"][device])
+                data["devices"][device] = new_record(device, state, reason, actor, self.clock())
+        return record_from_json(device, data["devices"][device])
 
     def forget(self, device: str) -> None:
         """Drop a device's record (e.g. after its hardware was replaced: the new part starts fresh)."""
@@ -359,7 +281,7 @@ class Registry:
         """One move of the lifecycle table; ``InvalidTransition`` if the table does not allow it."""
         with self._update() as data:
             self._move(data, device, lifecycle.parse_state(to), reason, actor)
-        return _record_from_json(device, data["devices"][device])
+        return record_from_json(device, data["devices"][device])
 
     # --- convenience: idempotent walks along the table ------------------------------------------
     def cordon(self, device: str, reason: str, actor: str = "operator") -> DeviceRecord:
@@ -385,7 +307,7 @@ class Registry:
     def _out(self, device: str, target: State, reason: str, actor: str,
              path: Mapping[State, Iterable[State]], need_idle: bool = False) -> DeviceRecord:
         lifecycle.actor_kind(actor)
-        with self._update(sync=[device]) as data:
+        with self._update() as data:
             rec = self._rec(data, device)
             state = State(rec["state"])
             if _DEPTH[state] < _DEPTH[target]:
@@ -396,18 +318,18 @@ class Registry:
                         f"(assign(device, None)) first")
                 for step in path.get(state, (target,)):
                     self._move(data, device, step, reason, actor)
-        return _record_from_json(device, data["devices"][device])
+        return record_from_json(device, data["devices"][device])
 
     def uncordon(self, device: str, reason: str = "uncordoned by operator",
                  actor: str = "operator") -> DeviceRecord:
         """Back to service: cordoned -> healthy; draining -> cordoned -> healthy (cancels the drain);
         suspect -> healthy. No-op if healthy. Quarantined devices return only through diagnostics."""
         H, S, C, D = State.HEALTHY, State.SUSPECT, State.CORDONED, State.DRAINING
-        with self._update(sync=[device]) as data:
+        with self._update() as data:
             rec = self._rec(data, device)
             for step in {H: (), S: (H,), C: (H,), D: (C, H)}.get(State(rec["state"]), (H,)):
                 self._move(data, device, step, reason, actor)
-        return _record_from_json(device, data["devices"][device])
+        return record_from_json(device, data["devices"][device])
 
     # --- diagnostics ---------------------------------------------------------------------------
     def diagnostics_passed(self, device: str, detail: str = "diagnostics passed") -> DeviceRecord:
@@ -422,7 +344,7 @@ class Registry:
                 self._move(data, device, State.HEALTHY,
                            f"{detail} ({rec['diagnostics_passes']}/{self.passes_required} in a row)",
                            "diagnostics")
-        return _record_from_json(device, data["devices"][device])
+        return record_from_json(device, data["devices"][device])
 
     def diagnostics_failed(self, device: str, detail: str) -> DeviceRecord:
         """Reset the passes in a row to 0; the device stays quarantined (retire it if it keeps failing)."""
@@ -433,7 +355,7 @@ class Registry:
                                         f"results count only in quarantine")
             rec["diagnostics_passes"] = 0
             rec["reason"] = f"diagnostics failed: {detail}"
-        return _record_from_json(device, data["devices"][device])
+        return record_from_json(device, data["devices"][device])
 
     # --- readings, assignment, remediations ------------------------------------------------------
     def record_readings(self, readings: Iterable[Reading]) -> dict[str, DeviceRecord]:
@@ -447,13 +369,13 @@ class Registry:
         with self._update() as data:
             for r in readings:
                 if r.device not in data["devices"]:
-                    data["devices"][r.device] = _new_record(r.device, State.HEALTHY,
+                    data["devices"][r.device] = new_record(r.device, State.HEALTHY,
                                                             f"first seen by {r.source}",
                                                             f"source:{r.source}", now)
                 rec = data["devices"][r.device]
-                rec["readings"][r.source] = {"time": float(r.time), "metrics": _storable(r),
+                rec["readings"][r.source] = {"time": float(r.time), "metrics": storable(r),
                                              "rank": r.rank}
-        return {r.device: _record_from_json(r.device, data["devices"][r.device]) for r in readings}
+        return {r.device: record_from_json(r.device, data["devices"][r.device]) for r in readings}
 
     def record_reading(self, reading: Reading) -> DeviceRecord:
         return self.record_readings([reading])[reading.device]
@@ -465,7 +387,7 @@ class Registry:
         with self._update() as data:
             rec = self._rec(data, device)
             rec["rank"], rec["job"] = rank, (None if rank is None else job)
-        return _record_from_json(device, data["devices"][device])
+        return record_from_json(device, data["devices"][device])
 
     def release(self, device: str) -> DeviceRecord:
         return self.assign(device, None)
@@ -476,50 +398,26 @@ class Registry:
             rec = self._rec(data, device)
             t = self.clock() if when is None else float(when)
             rec["remediations"] = (rec["remediations"] + [t])[-REMEDIATIONS_KEEP:]
-        return _record_from_json(device, data["devices"][device])
+        return record_from_json(device, data["devices"][device])
 
-    # --- Slurm ---------------------------------------------------------------------------------
-    def sync_slurm(self, nodes: Iterable[str] | None = None) -> list[str]:
-        """Re-apply the registry's view of the given nodes (default: all) to Slurm; returns notes.
+    # --- the desired node states, for the Slurm reconciler ----------------------------------------
+    def nodes(self) -> list[str]:
+        """Every node that has a device here, sorted."""
+        return sorted({d["node"] for d in self._read()["devices"].values()})
 
-        The coordinator calls it periodically so that a failed scontrol call is retried.
-        """
-        if self.slurm is None:
-            return []
+    def out_of_service(self) -> dict[str, tuple[tuple[str, str, str], ...]]:
+        """Per node, ``(device, state, reason)`` of its out-of-service devices (nodes with none
+        are left out): what the node's state in Slurm should say."""
+        return out_by_node(self._read()["devices"])
+
+    def slurm_status(self) -> dict[str, SlurmStatus]:
+        """What the reconciler last did, per node."""
+        return {node: SlurmStatus(node, s.get("want"), s.get("error"), float(s.get("time", 0.0)))
+                for node, s in sorted(self._read().get("slurm", {}).items())}
+
+    def record_slurm(self, node: str, want: str | None, error: str | None) -> None:
+        """The reconciler's outcome for ``node`` (not a device change: the revision stays)."""
         with self._locked() as data:
-            notes = []
-            out = _out_by_node(data["devices"])
-            for node in sorted(set(nodes) if nodes is not None else
-                               {d["node"] for d in data["devices"].values()}):
-                note = self.slurm.sync(node, node_reason(out.get(node, ())))
-                if note:
-                    notes.append(note)
-        self.slurm_notes = notes
-        return notes
-
-
-def _storable(r: Reading) -> dict[str, Any]:
-    """A reading's metrics as strict JSON: numpy scalars unwrapped, NaN/Inf as the strings "nan"/"inf"."""
-    out = {}
-    for k, v in r.metrics.items():
-        v = v.item() if hasattr(v, "item") else v
-        if isinstance(v, (list, tuple)):
-            v = [x.item() if hasattr(x, "item") else x for x in v]
-        if isinstance(v, float) and not math.isfinite(v):
-            v = str(v)
-        if not isinstance(v, (bool, int, float, str, list)) or \
-                (isinstance(v, list) and not all(isinstance(x, (bool, int, float, str)) for x in v)):
-            raise ConfigError(f"reading of {r.device} from {r.source}: metric {k!r} has a value of "
-                              f"type {type(v).__name__}; use int, float, bool, str or a tuple of them")
-        out[k] = v
-    return out
-
-
-def _out_by_node(devices: Mapping[str, Any]) -> dict[str, tuple[tuple[str, str, str], ...]]:
-    """Per node, ``(device, state, reason)`` of its out-of-service devices, sorted; nodes with none
-    are left out."""
-    out: dict[str, list[tuple[str, str, str]]] = {}
-    for name, d in devices.items():
-        if State(d["state"]) in OUT_OF_SERVICE:
-            out.setdefault(d["node"], []).append((name, d["state"], d["reason"]))
-    return {node: tuple(sorted(entries)) for node, entries in out.items()}
+            now = data.setdefault("slurm", {}).get(node, {})
+            if now.get("want") != want or now.get("error") != error:
+                data["slurm"][node] = {"want": want, "error": error, "time": self.clock()}

@@ -1,6 +1,7 @@
 """Health rules as data: one device's recent readings in, verdicts with reasons out; fleet policies.
 
-Pure: no torch, no sockets, no clocks; the only file it reads is a rules file, when asked to load one.
+Pure: no torch, no sockets, no clocks, no files: ``parse_rules`` takes rules files' texts, which
+``hotspare.health.rulefile`` reads (``load_rules``: the packaged defaults and a user's file).
 The caller keeps each device's history window (``RuleSet.trim`` says what to keep) and passes ``now``,
 so the same readings always give the same verdicts, and the simulator can replay them::
 
@@ -21,11 +22,9 @@ import dataclasses
 import difflib
 import functools
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 from hotspare.errors import ConfigError
@@ -41,8 +40,6 @@ except ModuleNotFoundError:  # Python 3.10: the same parser is on PyPI as tomli
     except ModuleNotFoundError:
         tomllib = None  # type: ignore[assignment]
 
-DEFAULT_RULES = "default_rules.toml"
-DEFAULT_SOURCE = "hotspare/health/default_rules.toml"
 
 # Actions that take a device out of service on the health service's own initiative.
 REMEDIATIONS = (MIGRATE, FAILOVER, QUARANTINE)      # what the repeat-offender rule counts and escalates
@@ -317,34 +314,11 @@ def _build(docs: Sequence[_Doc]) -> RuleSet:
     return RuleSet(rules=rules, policy=policy, sources=tuple(d.source for d in docs))
 
 
-def default_rules_text() -> str:
-    """The text of the packaged default rules file."""
-    return resources.files("hotspare.health").joinpath(DEFAULT_RULES).read_text(encoding="utf-8")
-
-
-def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
-    """The default rules, overridden by the rules file at ``path`` when given.
-
-    A user file overrides by rule name: a ``[[rule]]`` with a default rule's name changes only the keys it
-    gives (``enabled = false`` disables it); a new name adds a rule; ``replace_defaults = true`` drops every
-    default rule first. ``[policy]`` keys override one by one. Any mistake raises ``ConfigError``.
-    """
-    docs = [_read_doc(default_rules_text(), DEFAULT_SOURCE)]
-    if path is not None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise ConfigError(f"cannot read rules file {os.fspath(path)!r}: {e.strerror}") from None
-        docs.append(_read_doc(text, os.fspath(path)))
-    return _build(docs)
-
-
-def loads_rules(text: str, *, source: str = "<string>", defaults: bool = True) -> RuleSet:
-    """Like ``load_rules`` for a file's text; ``defaults=False`` reads ``text`` alone."""
-    docs = [_read_doc(default_rules_text(), DEFAULT_SOURCE)] if defaults else []
-    docs.append(_read_doc(text, source))
-    return _build(docs)
+def parse_rules(texts: Sequence[tuple[str, str]]) -> RuleSet:
+    """The rule set of rules files' texts, ``(text, source)`` each, in order: a later one
+    overrides an earlier one by rule name (see ``hotspare.health.rulefile.load_rules``). Pure: the
+    caller reads the files. Any mistake raises ``ConfigError`` naming the source."""
+    return _build([_read_doc(text, source) for text, source in texts])
 
 
 def evaluate(rules: RuleSet, history: Sequence[Reading], now: float,

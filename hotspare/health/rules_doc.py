@@ -12,7 +12,8 @@ import dataclasses
 import sys
 
 from hotspare.errors import ConfigError
-from hotspare.health.rules import Policy, RuleSet, load_rules
+from hotspare.health.rulefile import load_rules
+from hotspare.health.rules import Policy, RuleSet
 
 BEGIN = ("<!-- rules-table: generated from hotspare/health/default_rules.toml by "
          "`python -m hotspare.health.rules_doc --update-doc docs/HEALTH.md`; edit the TOML, not this block -->")

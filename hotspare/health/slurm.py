@@ -14,15 +14,17 @@ Enabling it (``SlurmNodes.from_mode``):
 
 * ``"off"``: never touch Slurm.
 * ``"on"``: always; a node Slurm does not know, an unreachable controller or a failing ``scontrol``
-  is an error (``SlurmError``, with scontrol's stderr).
+  is an error (``SlurmError``, with scontrol's stderr) for the caller, after the registry recorded
+  the change and the error (the next reconcile retries).
 * ``"auto"`` (the CLI's default, ``$HOTSPARE_SLURM`` overrides it): on when ``scontrol`` is on PATH
   and this host looks like part of a Slurm cluster (``$SLURM_CONF``, ``/etc/slurm/slurm.conf``,
   ``$SLURM_JOB_ID`` or ``$SLURM_CLUSTER_NAME``). Devices on nodes Slurm does not know are skipped,
-  and Slurm failures become warnings: the registry change stands either way.
+  and Slurm failures become warnings.
 
-The registry holds its file lock while it talks to Slurm, so two writers cannot interleave a drain
-and a resume of the same node; ``Registry.sync_slurm()`` re-applies the registry's view to Slurm
-(the coordinator calls it periodically, so a failed call is retried).
+This module is the I/O (``SlurmNodes``: sinfo, scontrol) and the pure decisions (``node_reason``,
+``plan``). The registry never calls it: the reconciler (``hotspare.health.reconcile``) brings Slurm
+in line with the registry outside the registry's lock, after writes and periodically, so a failed
+call is recorded and retried.
 """
 from __future__ import annotations
 
@@ -174,31 +176,3 @@ class SlurmNodes:
 
     def resume(self, node: str) -> None:
         self._run([self.scontrol, "update", f"NodeName={node}", "State=RESUME"])
-
-    def sync(self, node: str, want: str | None) -> str | None:
-        """Bring one node in line with the registry. Returns a line saying what happened, or None.
-
-        Raises ``SlurmError`` when strict; otherwise a failure comes back as a ``warning:`` line.
-        """
-        try:
-            current = self.state(node)
-            if current is None:
-                if self.strict:
-                    raise SlurmError(f"Slurm does not know node {node!r} (sinfo lists no such node); "
-                                     f"device names must start with the Slurm NodeName")
-                return None
-            action = plan(current, want)
-            if action == "drain":
-                self.drain(node, want or "")
-                return f"slurm: drained node {node} ({want})"
-            if action == "resume":
-                self.resume(node)
-                return f"slurm: resumed node {node} (no hotspare device on it is out of service)"
-            if want is not None and current.drained and not current.by_hotspare:
-                return (f"slurm: node {node} was already drained by someone else "
-                        f"({current.reason}); left as it is")
-            return None
-        except SlurmError as e:
-            if self.strict:
-                raise
-            return f"slurm: warning: node {node} not updated: {e}"

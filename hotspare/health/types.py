@@ -11,6 +11,7 @@ rules take deltas.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Mapping, Union
 
 MetricValue = Union[int, float, bool, str, tuple]
@@ -76,6 +77,17 @@ class Verdict:
     reason: str                      # human-readable, shown in logs, reports and `hotspare health`
     trust_memory: bool = True        # False: the state on this device must come from a replica
     rank: int | None = None
+
+
+_NAME = re.compile(r"^(?P<node>[^/]+)/(?P<kind>cpu|gpu)(?P<index>\d+)$")
+
+
+def split_device(device: str) -> tuple[str, str, int]:
+    """``"node/gpu3" -> ("node", "gpu", 3)``; ValueError for a name of another shape."""
+    m = _NAME.match(device)
+    if not m:
+        raise ValueError(f"device name {device!r} must look like 'NODE/KINDINDEX', e.g. 'host1/gpu0'")
+    return m["node"], m["kind"], int(m["index"])
 
 
 def node_of(device: str) -> str:

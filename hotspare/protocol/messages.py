@@ -74,6 +74,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "injected": {"worker": _STR, "fault": _STR, "id": _INT, "t": _NUM},
     "stopped": {"worker": _STR, "stopped": _BOOL},           # the process is (no longer) SIGSTOPped
     "refused": {"command": _STR, "message": _STR},           # a command the agent could not carry out
+    # the verdict of an "admit" or "diagnose" on one device (hotspare.agent.checks)
+    "checked": {"device": _STR, "stage": _STR, "passed": _BOOL, "cancelled": _BOOL, "detail": _STR},
     # coordinator -> node agent: the coordinator decides, the agent carries out
     "spawn": {"worker": _STR, "role": _STR, "rank": _OPT_INT, "device": _OPT_STR},
     "kill": {"worker": _STR, "signal": _INT, "group": _BOOL},
@@ -86,6 +88,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "welcome": {"lease": _NUM, "script": _STR, "args": _LIST, "env": _DICT, "proof": _STR},
     "renew": {"seq": _INT},                                  # agent -> coordinator
     "renewed": {"seq": _INT},                                # coordinator -> agent
+    "admit": {"devices": _LIST, "size": _STR},               # admission checks of these devices
+    "diagnose": {"device": _STR, "size": _STR},              # one pass of quarantine diagnostics
     # operator (hotspare inject) <-> launcher
     "inject": {"spec": _STR, "operator": _STR, "proof": _STR},
     "control_reply": {"ok": (bool,), "message": _STR},
@@ -176,6 +180,7 @@ NESTED: dict[str, dict[str, Callable[[str, Any], None]]] = {
     "welcome": {"args": lambda k, v: _sequence(k, "args", v, lambda a: isinstance(a, str), "strings"),
                 "env": lambda k, v: _mapping(k, "env", v, lambda e: isinstance(e, str) and len(e) <= 65536,
                                              "a string")},
+    "admit": {"devices": lambda k, v: _sequence(k, "devices", v, _short, "device names")},
 }
 
 

@@ -10,8 +10,8 @@ from hotspare.errors import ConfigError
 from hotspare.health import rules_doc
 from hotspare.health import types as T
 from hotspare.health.conditions import CHOICES, METRIC_KINDS
-from hotspare.health.rules import (FleetState, Policy, apply_fleet_policies, breaker_allows, evaluate,
-                                   load_rules, loads_rules, repeat_offender, worst)
+from hotspare.health.rulefile import load_rules, loads_rules
+from hotspare.health.rules import FleetState, Policy, apply_fleet_policies, breaker_allows, evaluate, repeat_offender, worst
 from hotspare.health.types import Reading, Verdict
 
 DEV = "node1/gpu0"
@@ -480,11 +480,15 @@ def test_the_fifth_remediation_within_a_week_retires_the_device():
 
 
 # ---------------------------------------------------------------------------- purity, docs
-def test_the_rule_engine_imports_no_torch_no_sockets_and_never_evals():
-    for name in ("rules.py", "conditions.py"):
-        src = (Path(__file__).resolve().parents[2] / "hotspare" / "health" / name).read_text()
-        assert not re.search(r"^\s*(import|from)\s+(torch|socket|subprocess|threading)\b", src, re.M), name
-        assert not re.search(r"(?<![.\w])(eval|exec|compile)\(", src), name
+def test_the_rule_engine_imports_no_torch_no_sockets_does_no_io_and_never_evals():
+    health = Path(__file__).resolve().parents[2] / "hotspare" / "health"
+    pure = ["rules.py", "lifecycle.py", "records.py", *(f"conditions/{p.name}" for p in (health / "conditions").glob("*.py"))]
+    assert len(pure) >= 6, pure
+    for name in pure:
+        src = (health / name).read_text()
+        assert not re.search(r"^\s*(import|from)\s+(torch|socket|subprocess|threading|os|shutil|importlib|pathlib)\b",
+                             src, re.M), name
+        assert not re.search(r"(?<![.\w])(eval|exec|compile|open)\(|\.read_text\(|\.write_text\(", src), name
 
 
 def test_the_doc_generator_checks_and_updates_a_document(tmp_path, capsys):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hotspare.health.reconcile import SlurmReconciler
 from hotspare.health.registry import Registry
 from hotspare.health.slurm import SlurmError, SlurmNodes
 
@@ -137,41 +138,79 @@ def test_a_running_job_keeps_running_while_the_node_drains(node, tmp_path):
     job = _sh("sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 300").stdout.strip()
     assert job, "sbatch gave no job id"
     wait_state(node, ("allocated", "mixed"))
-    reg = Registry(tmp_path / "health.json", slurm=SlurmNodes())
+    reg = Registry(tmp_path / "health.json")
+    slurm = SlurmReconciler(reg, SlurmNodes())
     reg.ensure(f"{node}/cpu0")
     reg.cordon(f"{node}/cpu0", "pcie link x8 of x16", actor="rule:pcie-degraded")
+    assert sinfo_state(node) in ("allocated", "mixed"), "the registry write alone touches no Slurm"
+    slurm.reconcile()
     assert sinfo_state(node) == "draining"            # no new jobs; the running one stays
     assert _sh("squeue", "--noheader", "--jobs", job, "--format", "%T").stdout.strip() == "RUNNING"
     _sh("scancel", job)
     assert wait_state(node, ("drained",)) == "drained"
-    assert reg.slurm.state(node).by_hotspare
+    assert slurm.slurm.state(node).by_hotspare
     reg.uncordon(f"{node}/cpu0")
+    slurm.reconcile()
     wait_state(node, ("idle",))
 
 
 def test_a_node_drained_by_someone_else_is_left_alone(node, tmp_path):
     assert _sh("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=admin: bios update").returncode == 0
-    reg = Registry(tmp_path / "health.json", slurm=SlurmNodes())
+    reg = Registry(tmp_path / "health.json")
+    slurm = SlurmReconciler(reg, SlurmNodes())
     reg.ensure(f"{node}/cpu0")
     reg.cordon(f"{node}/cpu0", "thermal")
-    assert any("drained by someone else (admin: bios update)" in n for n in reg.slurm_notes)
+    assert any("drained by someone else (admin: bios update)" in n for n in slurm.reconcile().notes)
     reg.uncordon(f"{node}/cpu0")
+    slurm.reconcile()
     assert sinfo_state(node) == "drained" and sinfo_reason(node) == "admin: bios update"
 
 
-def test_strict_mode_refuses_a_node_slurm_does_not_know_and_keeps_the_registry(node, tmp_path):
+def test_strict_mode_reports_a_node_slurm_does_not_know_and_keeps_it_to_retry(node, tmp_path):
+    # The registry holds the desired state: the cordon is written whatever Slurm says; strict
+    # mode makes Slurm's refusal the command's error, and the registry records it for the retry.
     db = tmp_path / "health.json"
     Registry(db).ensure("not-a-slurm-node/gpu0")
-    before = db.read_bytes()
     out = hotspare("cordon", "not-a-slurm-node/gpu0", "--reason", "x", "--db", db, "--slurm", "on")
     assert out.returncode == 1
-    assert "Slurm does not know node 'not-a-slurm-node'" in out.stderr
-    assert db.read_bytes() == before                  # Slurm first, then the file: nothing half-done
+    assert "Slurm does not know node 'not-a-slurm-node'" in out.stderr and "retried" in out.stderr
+    reg = Registry(db)
+    assert reg.get("not-a-slurm-node/gpu0").state.value == "cordoned"
+    status = reg.slurm_status()["not-a-slurm-node"]
+    assert status.want == "hotspare: not-a-slurm-node/gpu0 cordoned: x"
+    assert "Slurm does not know node" in status.error
+    shown = hotspare("health", "--db", db, "--slurm", "off")
+    assert "not-a-slurm-node: the last reconcile failed" in shown.stdout, shown.stdout
 
-    # auto mode (this host has a slurm.conf now): unknown nodes are skipped, the cordon stands.
-    out = hotspare("cordon", "not-a-slurm-node/gpu0", "--reason", "x", "--db", db, env={"HOTSPARE_SLURM": "auto"})
+    retry = hotspare("health", "--sync-slurm", "--db", db, "--slurm", "on")    # still unknown: fails again
+    assert retry.returncode == 1 and "Slurm does not know node" in retry.stderr
+
+    # auto mode (this host has a slurm.conf now): unknown nodes are skipped, the error is cleared.
+    out = hotspare("health", "--sync-slurm", "--db", db, env={"HOTSPARE_SLURM": "auto"})
     assert out.returncode == 0, out.stderr
-    assert Registry(db).get("not-a-slurm-node/gpu0").state.value == "cordoned"
+    assert Registry(db).slurm_status()["not-a-slurm-node"].error is None
+
+
+def test_a_refused_drain_is_retried_by_the_reconciler_until_slurm_follows(node, tmp_path):
+    reg = Registry(tmp_path / "health.json")
+    reg.ensure(f"{node}/cpu0")
+    broken = SlurmReconciler(reg, SlurmNodes(scontrol="/nonexistent/scontrol"))   # the call fails
+    reg.cordon(f"{node}/cpu0", "thermal")
+    with pytest.raises(SlurmError, match="not found on PATH"):
+        broken.reconcile()
+    assert sinfo_state(node) == "idle" and reg.slurm_status()[node].error
+    slurm = SlurmReconciler(reg, SlurmNodes())
+    slurm.start(period_s=0.5, check_s=0.1, log=lambda line: None)     # the periodic retry
+    try:
+        assert wait_state(node, ("drained",)) == "drained"
+        deadline = time.monotonic() + 10
+        while reg.slurm_status()[node].error is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert reg.slurm_status()[node].error is None
+        reg.uncordon(f"{node}/cpu0")                  # a write: reconciled within check_s
+        assert wait_state(node, ("idle",)) == "idle"
+    finally:
+        slurm.stop(log=lambda line: None)
 
 
 def test_scontrol_failures_carry_its_stderr(node):

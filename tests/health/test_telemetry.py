@@ -311,7 +311,8 @@ def test_poller_reports_a_wedged_source_after_three_periods_then_recovers():
 
 def test_a_hung_monitor_is_watched_then_its_device_is_cordoned_by_the_default_rules():
     # Row 30 end to end: a poll() that really blocks, the poller's reports, the default rules.
-    from hotspare.health.rules import evaluate, load_rules, worst
+    from hotspare.health.rulefile import load_rules
+    from hotspare.health.rules import evaluate, worst
     rules = load_rules()
     src = SimulatedSource(1, node="n1")
     src.stall(1.2)

@@ -17,6 +17,7 @@ machines without GPUs; GPU devices ("<node>/gpu<i>", CUDA) get larger sizes (``s
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 
 from hotspare.errors import ConfigError
@@ -147,9 +148,22 @@ def run_admission(n_devices: int | None = None, *, size: str = "small", kind: st
     if not 0 <= margin < 1:
         raise ConfigError(f"--margin {margin!r}: a fraction in [0, 1), e.g. 0.2 for 20% below the peers' median")
     devices = local_devices(n_devices, kind, node)
+    injections = parse_injections(inject, [d for d, _k, _i in devices])
+    return admit_devices(devices, size=size, margin=margin, timeout_s=timeout_s, inject=injections,
+                         progress=progress)
+
+
+def admit_devices(devices: list[tuple[str, str, int]], *, size: str = "small", margin: float = DEFAULT_MARGIN,
+                  timeout_s: float | None = None, inject: dict[str, set[str]] | None = None,
+                  progress: Callable[[str], None] = say_to_stderr,
+                  stop: threading.Event | None = None) -> list[DeviceReport]:
+    """Admission checks of ``devices`` (``(name, kind, index)``, one kind, all on this node), in
+    one device group of check workers; one report per device. ``stop`` cuts them short (the
+    reports then fail what did not run). The node agent's ``admit`` command runs this."""
+    if size not in SIZE_NAMES:
+        raise ConfigError(f"--size {size!r}: use one of {', '.join(SIZE_NAMES)}")
     dkind = devices[0][1]
     sizes = sizes_for("admission", dkind, size)
-    injections = parse_injections(inject, [d for d, _k, _i in devices])
     timeout_s = timeout_s or (120.0 if size == "small" else 1800.0) * (1 if dkind == "gpu" else max(1, len(devices) / 2))
     if timeout_s <= 0:
         raise ConfigError(f"--timeout {timeout_s!r}: must be > 0 seconds")
@@ -157,7 +171,7 @@ def run_admission(n_devices: int | None = None, *, size: str = "small", kind: st
              f"matmul n={sizes.matmul_n} x{sizes.burn_reps}, memory {sizes.mem_bytes >> 20} MiB, "
              f"all-reduce {sizes.bw_bytes >> 20} MiB x{sizes.bw_iters}")
     outcomes = run_workers(devices, stage="admission", sizes=sizes.__dict__, timeout_s=timeout_s,
-                           inject=injections, progress=progress)
+                           inject=inject or {}, progress=progress, stop=stop)
     reports = judge(outcomes, margin, progress=progress)
     for r in reports:
         progress(f"[{r.device.rsplit('/', 1)[-1]}] admission: {'PASS' if r.passed else 'FAIL'}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import threading
 from collections.abc import Callable
 
 from hotspare.errors import ConfigError
@@ -69,8 +70,24 @@ def run_quarantine(devices: list[str], *, size: str = "small", dcgm_level: int =
     if len({p[0] for p in parsed}) != len(parsed):
         raise ConfigError("a device is named twice; name each device once")
     injections = parse_injections(inject, [p[0] for p in parsed])
+    return diagnose_devices(parsed, size=size, dcgm_level=dcgm_level, burn_seconds=burn_seconds,
+                            timeout_s=timeout_s, dcgm_timeout_s=dcgm_timeout_s, inject=injections,
+                            progress=progress)
+
+
+def diagnose_devices(devices: list[tuple[str, str, int]], *, size: str = "small", dcgm_level: int = 2,
+                     burn_seconds: float | None = None, timeout_s: float | None = None,
+                     dcgm_timeout_s: float | None = None, inject: dict[str, set[str]] | None = None,
+                     progress: Callable[[str], None] = say_to_stderr,
+                     stop: threading.Event | None = None) -> list[DeviceReport]:
+    """Quarantine diagnostics of ``devices`` (``(name, kind, index)`` on this node), one after
+    the other, each in a check worker of its own; one report per device. ``stop`` cuts them
+    short. The node agent's ``diagnose`` command runs this."""
+    if size not in SIZE_NAMES:
+        raise ConfigError(f"--size {size!r}: use one of {', '.join(SIZE_NAMES)}")
+    injections = inject or {}
     reports = []
-    for name, kind, index in parsed:
+    for name, kind, index in devices:
         sizes = sizes_for("quarantine", kind, size)
         if burn_seconds is not None:
             sizes = dataclasses.replace(sizes, burn_seconds=burn_seconds)
@@ -78,7 +95,7 @@ def run_quarantine(devices: list[str], *, size: str = "small", dcgm_level: int =
         progress(f"quarantine {name}: burn-in n={sizes.matmul_n} for >= {sizes.burn_seconds:g} s, "
                  f"memory {sizes.mem_bytes >> 20} MiB, dcgmi diag -r {dcgm_level}")
         [outcome] = run_workers([(name, kind, index)], stage="quarantine", sizes=sizes.__dict__,
-                                timeout_s=limit, inject=injections, progress=progress)
+                                timeout_s=limit, inject=injections, progress=progress, stop=stop)
         results = fill_missing(name, outcome.results, outcome.why_unfinished, ["burn-in", "memory"])
         if outcome.facts is not None:
             results.insert(0, CheckResult("inventory", name, True,
@@ -87,6 +104,9 @@ def run_quarantine(devices: list[str], *, size: str = "small", dcgm_level: int =
                                                     if k in outcome.facts), dict(outcome.facts)))
         elif not any(r.name == "inventory" for r in results):
             results.insert(0, CheckResult("inventory", name, False, "the worker reported no facts"))
+        if stop is not None and stop.is_set():        # cut short: what ran is kept, nothing more runs
+            reports.append(DeviceReport(name, "quarantine", results))
+            break
         dcgm = dcgm_diag(name, index if kind == "gpu" else None, level=dcgm_level, timeout_s=dcgm_timeout_s)
         progress(f"[{name.rsplit('/', 1)[-1]}] {dcgm.line()}")
         results.append(dcgm)

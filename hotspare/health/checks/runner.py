@@ -48,11 +48,12 @@ def _env(kind: str, world: int) -> dict[str, str]:
 
 def run_workers(devices: list[tuple[str, str, int]], *, stage: str, sizes: dict, timeout_s: float,
                 inject: dict[str, set[str]] | None = None, progress: Callable[[str], None] = say_to_stderr,
-                seed: int = 0) -> list[Outcome]:
+                seed: int = 0, stop: threading.Event | None = None) -> list[Outcome]:
     """Run one worker per ``(device_name, kind, index)``, all in one device group; wait for all.
 
     A worker that has not finished after ``timeout_s`` is killed, and so are its peers
-    ``PEER_DEATH_GRACE_S`` after one of them died; what each reported up to then is kept.
+    ``PEER_DEATH_GRACE_S`` after one of them died, and all of them once ``stop`` is set (the
+    node agent is closing); what each reported up to then is kept.
     """
     inject = inject or {}
     world = len(devices)
@@ -118,8 +119,9 @@ def run_workers(devices: list[tuple[str, str, int]], *, stage: str, sizes: dict,
             for i, p in enumerate(procs):
                 if p.poll() is not None and not outcomes[i].done and kill_at is None and not killed and world > 1:
                     kill_at = now + PEER_DEATH_GRACE_S
-            if not killed and (now >= deadline or (kill_at is not None and now >= kill_at)):
-                why = (f"timed out after {timeout_s:g} s" if now >= deadline
+            cancelled = stop is not None and stop.is_set()
+            if not killed and (cancelled or now >= deadline or (kill_at is not None and now >= kill_at)):
+                why = ("cancelled" if cancelled else f"timed out after {timeout_s:g} s" if now >= deadline
                        else "a peer died and the device group could not finish")
                 for i, p in enumerate(procs):
                     if p.poll() is None:

@@ -1,153 +1,16 @@
-"""The condition language of health rules: parsed here, never ``eval``-ed; pure.
-
-A condition reads one device's readings (oldest first) at one of them, the *current* one::
-
-    temp_c >= 90                       a metric of the current reading against a threshold
-    pcie_width < pcie_width_max        two metrics of the same reading
-    delta(ecc_dbe_volatile) > 0        a counter's increase since the previous reading that reports it
-    rate(pcie_replay, 60) > 16         a counter's increase over the last 60 s before `now`, per minute
-    clock_event_reasons & 0xC8         bits of a bitmask (true when any of them is set)
-    xids in {48, 95}                   membership; for the list-valued `xids`: any code in the set
-    xids not in {13, 31}               ... any code outside the set
-    recovery_action in {'gpu_reset'}   a string metric against its documented values
-    remap_pending                      a flag on its own
-    straggler_score < policy.straggler_score_min      a named constant (the rules file's [policy] table)
-    a and b · a or b · not a · ( ... )
-
-A metric the reading leaves out (or reports with the wrong type) is *unknown*: comparisons with it are
-unknown, ``and``/``or``/``not`` follow three-valued (Kleene) logic, and a rule fires only on true, so a
-missing value never fires a rule, nor its negation. A counter below its previous value was reset (GPU
-reset, driver reload); the increase across the reset is the new value, as Prometheus counts it.
-
-Parsing checks names and types, so a rules file with ``temp >= 90``, ``delta(temp_c)``,
-``xids == 79`` or ``recovery_action in {'gpu_rest'}`` fails on load with a message that says what to write.
-Reason templates use the same terms: ``"{temp_c} C"``, ``"{rate(pcie_replay, 60)}/min"``, ``"{x & 0xC8:#x}"``.
-"""
+"""The condition language's parser: text -> the syntax tree of ``tree``, with names and types
+checked, so a rules file with a typo fails on load with a message that says what to write. Pure;
+never ``eval``."""
 from __future__ import annotations
 
 import difflib
-import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hotspare.health import types as T
-from hotspare.health.types import Reading
-
-# ---------------------------------------------------------------------------- metric vocabulary
-NUMBER, COUNTER, BITMASK, FLAG, CHOICE, CODES = "number", "counter", "bitmask", "flag", "choice", "codes"
-NOTE = "note"     # a message, present only when something is wrong: true on its own, shown in reasons
-METRIC_KINDS: dict[str, str] = {
-    T.TEMP_C: NUMBER, T.MEM_TEMP_C: NUMBER, T.THERMAL_MARGIN_C: NUMBER,
-    T.CLOCK_EVENT_REASONS: BITMASK, T.POWER_W: NUMBER,
-    T.ECC_SBE_VOLATILE: COUNTER, T.ECC_DBE_VOLATILE: COUNTER,
-    T.REMAP_PENDING: FLAG, T.REMAP_FAILED: FLAG,
-    T.PCIE_GEN: NUMBER, T.PCIE_GEN_MAX: NUMBER, T.PCIE_WIDTH: NUMBER, T.PCIE_WIDTH_MAX: NUMBER,
-    T.PCIE_REPLAY: COUNTER,
-    T.NVLINK_CRC_ERRORS: COUNTER, T.NVLINK_REPLAY_ERRORS: COUNTER, T.NVLINK_RECOVERY_ERRORS: COUNTER,
-    T.XIDS: CODES, T.RECOVERY_ACTION: CHOICE,
-    T.STEP_COMPUTE_S: NUMBER, T.STEP_COMM_S: NUMBER, T.STRAGGLER_SCORE: NUMBER,
-    T.NONFINITE: FLAG, T.FINGERPRINT_MISMATCH: FLAG,
-    T.MONITOR_UNRESPONSIVE: NOTE, T.DEVICE_ERROR: NOTE, T.MONITOR_STALLED_PERIODS: NUMBER,
-}
-CHOICES: dict[str, tuple[str, ...]] = {
-    T.RECOVERY_ACTION: ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"),
-}
-_VALUE_TYPE = {NUMBER: "num", COUNTER: "num", BITMASK: "num", FLAG: "bool", CHOICE: "str", CODES: "codes",
-               NOTE: "bool"}
-
-
-# ---------------------------------------------------------------------------- condition AST
-@dataclass(frozen=True)
-class _Const:
-    value: Any
-    type: str            # "num" | "str" | "bool"
-
-
-@dataclass(frozen=True)
-class _Metric:
-    name: str
-
-
-@dataclass(frozen=True)
-class _Delta:
-    name: str
-
-
-@dataclass(frozen=True)
-class _Rate:
-    name: str
-    window_s: float
-
-
-@dataclass(frozen=True)
-class _Mask:
-    name: str
-    mask: int
-
-
-@dataclass(frozen=True)
-class _Compare:
-    op: str
-    left: Any
-    right: Any
-
-
-@dataclass(frozen=True)
-class _Member:
-    left: Any
-    values: frozenset
-    negate: bool
-
-
-@dataclass(frozen=True)
-class _Truthy:
-    term: Any
-
-
-@dataclass(frozen=True)
-class _Not:
-    item: Any
-
-
-@dataclass(frozen=True)
-class _And:
-    items: tuple
-
-
-@dataclass(frozen=True)
-class _Or:
-    items: tuple
-
-
-def _type_of(term: Any) -> str:
-    if isinstance(term, _Const):
-        return term.type
-    if isinstance(term, _Metric):
-        return _VALUE_TYPE[METRIC_KINDS[term.name]]
-    return "num"                      # delta, rate, mask
-
-
-def _children(node: Any) -> tuple:
-    if isinstance(node, (_And, _Or)):
-        return node.items
-    if isinstance(node, _Not):
-        return (node.item,)
-    if isinstance(node, _Truthy):
-        return (node.term,)
-    if isinstance(node, _Compare):
-        return (node.left, node.right)
-    if isinstance(node, _Member):
-        return (node.left,)
-    return ()
-
-
-def _walk(node: Any):
-    yield node
-    for c in _children(node):
-        yield from _walk(c)
-
+from hotspare.health.conditions.tree import (BITMASK, CHOICE, CHOICES, CODES, COUNTER, METRIC_KINDS, And, Compare,
+                                             Const, Delta, Mask, Member, Metric, Not, Or, Rate, Truthy, type_of)
 
 # ---------------------------------------------------------------------------- parser
 class ConditionError(ValueError):
@@ -234,14 +97,14 @@ class _Parser:
         while self.peek()[0] == "or":
             self.take()
             items.append(self.and_())
-        return items[0] if len(items) == 1 else _Or(tuple(items))
+        return items[0] if len(items) == 1 else Or(tuple(items))
 
     def and_(self) -> Any:
         items = [self.not_()]
         while self.peek()[0] == "and":
             self.take()
             items.append(self.not_())
-        return items[0] if len(items) == 1 else _And(tuple(items))
+        return items[0] if len(items) == 1 else And(tuple(items))
 
     def not_(self) -> Any:
         if self.peek()[0] == "not" or self.at("("):
@@ -249,7 +112,7 @@ class _Parser:
             if self.depth > _MAX_DEPTH:
                 raise ConditionError(f"the condition nests 'not' and parentheses more than {_MAX_DEPTH} deep")
             if self.take()[0] == "not":
-                node = _Not(self.not_())
+                node = Not(self.not_())
             else:
                 node = self.or_()
                 self.expect(")", "')'")
@@ -270,26 +133,26 @@ class _Parser:
             if negate:
                 self.take()
             return _check_member(left, self.set_(), negate)
-        if isinstance(left, _Mask) or (isinstance(left, _Metric) and _type_of(left) == "bool"):
-            return _Truthy(left)
+        if isinstance(left, Mask) or (isinstance(left, Metric) and type_of(left) == "bool"):
+            return Truthy(left)
         raise ConditionError(f"{_describe(left)} is not a condition on its own; compare it, e.g. "
                    f"'{_example(left)}'")
 
     def term(self) -> Any:
         kind, value, col = self.take()
         if kind == "num":
-            return _Const(value, "num")
+            return Const(value, "num")
         if kind == "str":
-            return _Const(value, "str")
+            return Const(value, "str")
         if kind in ("true", "false"):
-            return _Const(kind == "true", "bool")
+            return Const(kind == "true", "bool")
         if kind != "name":
             raise ConditionError(f"expected a metric, function or value at column {col}, "
                                  f"found {_show((kind, value, col))}")
         if "." in value:
             if value not in self.constants:
                 raise ConditionError(f"unknown constant {value!r}; known: {', '.join(sorted(self.constants))}")
-            return _Const(self.constants[value], "num")
+            return Const(self.constants[value], "num")
         if self.at("("):
             return self.call(value, col)
         metric = _metric_name(value)
@@ -300,8 +163,8 @@ class _Parser:
             mtok = self.expect("num", "an integer mask after '&', e.g. 0x40")
             if not isinstance(mtok[1], int) or mtok[1] <= 0:
                 raise ConditionError(f"the mask after '&' must be a positive integer such as 0x40, not {mtok[1]!r}")
-            return _Mask(metric, mtok[1])
-        return _Metric(metric)
+            return Mask(metric, mtok[1])
+        return Metric(metric)
 
     def call(self, fname: str, col: int) -> Any:
         if fname not in ("delta", "rate"):
@@ -315,13 +178,13 @@ class _Parser:
                                  f"{metric!r} is a {METRIC_KINDS[metric]}")
         if fname == "delta":
             self.expect(")", "')' after delta(counter")
-            return _Delta(metric)
+            return Delta(metric)
         self.expect(",", "',' and a window in seconds: rate(counter, 60)")
         wtok = self.expect("num", "a window in seconds: rate(counter, 60)")
         if wtok[1] <= 0:
             raise ConditionError(f"the rate window must be a positive number of seconds, not {wtok[1]!r}")
         self.expect(")", "')' after rate(counter, seconds")
-        return _Rate(metric, float(wtok[1]))
+        return Rate(metric, float(wtok[1]))
 
     def set_(self) -> frozenset:
         self.expect("{", "a set such as {48, 79}")
@@ -364,35 +227,35 @@ def _metric_name(name: str) -> str:
 
 
 def _describe(term: Any) -> str:
-    if isinstance(term, _Const):
+    if isinstance(term, Const):
         return f"the constant {term.value!r}"
-    if isinstance(term, _Metric):
+    if isinstance(term, Metric):
         return f"{term.name!r} (a {METRIC_KINDS[term.name]})"
-    if isinstance(term, _Delta):
+    if isinstance(term, Delta):
         return f"delta({term.name})"
-    if isinstance(term, _Rate):
+    if isinstance(term, Rate):
         return f"rate({term.name}, {term.window_s:g})"
     return "this term"
 
 
 def _example(term: Any) -> str:
-    if isinstance(term, _Metric):
+    if isinstance(term, Metric):
         kind = METRIC_KINDS[term.name]
         if kind == CODES:
             return f"{term.name} in {{48, 79}}"
         if kind == CHOICE:
             return f"{term.name} in {{'{CHOICES[term.name][1]}'}}"
         return f"{term.name} > 0"
-    if isinstance(term, _Delta):
+    if isinstance(term, Delta):
         return f"delta({term.name}) > 0"
-    if isinstance(term, _Rate):
+    if isinstance(term, Rate):
         return f"rate({term.name}, {term.window_s:g}) > 1"
     return "temp_c >= 90"
 
 
-def _check_compare(op: str, left: Any, right: Any) -> _Compare:
-    lt, rt = _type_of(left), _type_of(right)
-    if isinstance(left, _Const) and isinstance(right, _Const):
+def _check_compare(op: str, left: Any, right: Any) -> Compare:
+    lt, rt = type_of(left), type_of(right)
+    if isinstance(left, Const) and isinstance(right, Const):
         raise ConditionError(f"'{op}' compares two constants; one side must be a metric, delta() or rate()")
     if "codes" in (lt, rt):
         raise ConditionError("compare xids with 'in' or 'not in' and a set, e.g. 'xids in {48, 79}'")
@@ -403,13 +266,13 @@ def _check_compare(op: str, left: Any, right: Any) -> _Compare:
     elif lt != rt:
         raise ConditionError(f"'{op}' compares {_describe(left)} with {_describe(right)}, values of different kinds")
     for a, b in ((left, right), (right, left)):
-        _check_choice(a, [b.value] if isinstance(b, _Const) else [])
-    return _Compare(op, left, right)
+        _check_choice(a, [b.value] if isinstance(b, Const) else [])
+    return Compare(op, left, right)
 
 
-def _check_member(left: Any, values: frozenset, negate: bool) -> _Member:
-    lt = _type_of(left)
-    if isinstance(left, _Const):
+def _check_member(left: Any, values: frozenset, negate: bool) -> Member:
+    lt = type_of(left)
+    if isinstance(left, Const):
         raise ConditionError("the left side of 'in' must be a metric, e.g. 'xids in {48, 79}'")
     if lt == "bool":
         raise ConditionError(f"{_describe(left)} is a flag; test it on its own or with 'not'")
@@ -420,11 +283,11 @@ def _check_member(left: Any, values: frozenset, negate: bool) -> _Member:
         if want == "str" and not isinstance(v, str):
             raise ConditionError(f"the set for {_describe(left)} must hold 'strings', not {v!r}")
     _check_choice(left, list(values))
-    return _Member(left, values, negate)
+    return Member(left, values, negate)
 
 
 def _check_choice(term: Any, values: list) -> None:
-    if isinstance(term, _Metric) and term.name in CHOICES:
+    if isinstance(term, Metric) and term.name in CHOICES:
         allowed = CHOICES[term.name]
         for v in values:
             if v not in allowed:
@@ -483,167 +346,3 @@ def parse_template(text: str, constants: Mapping[str, float] | None = None) -> t
     parts.append(text[pos:])
     return tuple(p for p in parts if p != "")
 
-
-def metrics_of(node: Any) -> frozenset:
-    """The metrics a condition or template term reads."""
-    return frozenset(n.name for n in _walk(node) if isinstance(n, (_Metric, _Delta, _Rate, _Mask)))
-
-
-def uses_delta(node: Any) -> bool:
-    return any(isinstance(n, _Delta) for n in _walk(node))
-
-
-def rate_window_s(node: Any) -> float:
-    """The longest rate() window in a condition (0 when it has none)."""
-    return max((n.window_s for n in _walk(node) if isinstance(n, _Rate)), default=0.0)
-
-
-# ---------------------------------------------------------------------------- evaluation
-def _read(metrics: Mapping[str, Any], name: str) -> Any:
-    """The value of ``name`` in one reading, or None when absent or not of the metric's kind."""
-    raw = metrics.get(name)
-    if raw is None:
-        return None
-    kind = METRIC_KINDS[name]
-    if kind in (NUMBER, COUNTER, BITMASK):
-        if not isinstance(raw, (int, float)) or (isinstance(raw, float) and not math.isfinite(raw)):
-            return None
-        if kind == BITMASK and not isinstance(raw, int):
-            return None
-        return raw
-    if kind == FLAG:
-        return bool(raw) if isinstance(raw, (bool, int)) else None
-    if kind == NOTE:
-        return raw if isinstance(raw, str) and raw else None
-    if kind == CHOICE:
-        return raw if isinstance(raw, str) else None
-    if isinstance(raw, int) and not isinstance(raw, bool):             # CODES: one code or a list of them
-        return (raw,)
-    if isinstance(raw, (tuple, list, frozenset, set)) and all(isinstance(c, int) for c in raw):
-        return tuple(sorted(raw)) if isinstance(raw, (set, frozenset)) else tuple(raw)
-    return None
-
-
-def _increase(prev: float, cur: float) -> float:
-    return cur - prev if cur >= prev else cur          # below the previous value: the counter was reset
-
-
-def _delta(history: Sequence[Reading], i: int, name: str) -> Any:
-    cur = _read(history[i].metrics, name)
-    if cur is None:
-        return None
-    for j in range(i - 1, -1, -1):
-        prev = _read(history[j].metrics, name)
-        if prev is not None:
-            return _increase(prev, cur)
-    return None
-
-
-def _rate(history: Sequence[Reading], i: int, name: str, window_s: float, now: float) -> Any:
-    total, pairs, prev = 0.0, 0, None
-    for r in history[: i + 1]:
-        v = _read(r.metrics, name)
-        if v is None:
-            continue
-        if prev is not None and r.time > now - window_s:
-            total += _increase(prev, v)
-            pairs += 1
-        prev = v
-    return total / (window_s / 60.0) if pairs else None
-
-
-def term_value(node: Any, history: Sequence[Reading], i: int, now: float) -> Any:
-    if isinstance(node, _Const):
-        return node.value
-    if isinstance(node, _Metric):
-        return _read(history[i].metrics, node.name)
-    if isinstance(node, _Delta):
-        return _delta(history, i, node.name)
-    if isinstance(node, _Rate):
-        return _rate(history, i, node.name, node.window_s, now)
-    if isinstance(node, _Mask):
-        v = _read(history[i].metrics, node.name)
-        return None if v is None else v & node.mask
-    raise AssertionError(f"not a term: {node!r}")
-
-
-_OPS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
-        ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
-
-
-def truth(node: Any, history: Sequence[Reading], i: int, now: float, witness: list) -> bool | None:
-    """True, False or None (unknown: a value is missing). The first true comparison leaves its
-    observed value in ``witness`` for the reason's {value}."""
-    if isinstance(node, _And):
-        vals = [truth(c, history, i, now, witness) for c in node.items]
-        return False if False in vals else None if None in vals else True
-    if isinstance(node, _Or):
-        vals = [truth(c, history, i, now, witness) for c in node.items]
-        return True if True in vals else None if None in vals else False
-    if isinstance(node, _Not):
-        v = truth(node.item, history, i, now, [])
-        return None if v is None else not v
-    if isinstance(node, _Truthy):
-        v = term_value(node.term, history, i, now)
-        if v is None:
-            return None
-        if v:
-            witness.append(v)
-        return bool(v)
-    if isinstance(node, _Compare):
-        a, b = term_value(node.left, history, i, now), term_value(node.right, history, i, now)
-        if a is None or b is None:
-            return None
-        ok = _OPS[node.op](a, b)
-        if ok:
-            witness.append(b if isinstance(node.left, _Const) else a)
-        return ok
-    if isinstance(node, _Member):
-        v = term_value(node.left, history, i, now)
-        if v is None:
-            return None
-        if isinstance(v, tuple):                       # codes: any code in (or outside) the set
-            hits = tuple(c for c in v if (c in node.values) != node.negate)
-            if hits:
-                witness.append(hits)
-            return bool(hits)
-        ok = (v in node.values) != node.negate
-        if ok:
-            witness.append(v)
-        return ok
-    raise AssertionError(f"not a condition: {node!r}")
-
-
-def fmt(value: Any, spec: str = "") -> str:
-    if spec and value is not None:
-        try:
-            return format(value, spec)
-        except (TypeError, ValueError):
-            pass
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:.2f}".rstrip("0").rstrip(".") if abs(value) < 1e6 else f"{value:.3g}"
-    if isinstance(value, tuple):
-        return ", ".join(fmt(v) for v in value)
-    return str(value)
-
-
-
-
-def render(template: tuple, history: Sequence[Reading], i: int, now: float, witness: list,
-           specials: Mapping[str, Any]) -> str:
-    """A reason: the template's terms read at ``history[i]``; ``{value}`` is the first witness."""
-    out = []
-    for part in template:
-        if isinstance(part, str):
-            out.append(part)
-        elif part.term == "value":
-            out.append(fmt(witness[0] if witness else True, part.spec))
-        elif isinstance(part.term, str):
-            out.append(fmt(specials.get(part.term), part.spec))
-        else:
-            out.append(fmt(term_value(part.term, history, i, now), part.spec))
-    return "".join(out)
