@@ -111,7 +111,7 @@ def test_corrupt_checkpoint_is_refused_before_anything_starts(tmp_path):
                                                              "--checkpoint-every", "10"])
     assert r.code == 0, r.output
     # Every checkpoint damaged (steps 0 and 10): --resume falls back past a damaged newest one
-    # (tests/test_checkpoint_faults.py), so with none valid it must refuse to start.
+    # (tests/checkpoint/test_checkpoint_faults.py), so with none valid it must refuse to start.
     steps = sorted(p for p in tmp_path.iterdir() if p.name.startswith("step-"))
     assert [p.name for p in steps] == ["step-000000000", "step-000000010"]
     for step in steps:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
 ENV = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])}
 
 

@@ -22,7 +22,7 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
 from hotspare.testing.faults import AgentFaults, Arming
 
-WORKER = [sys.executable, str(Path(__file__).parent / "scripts" / "echo_worker.py")]
+WORKER = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "echo_worker.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"}
 
 

@@ -29,7 +29,7 @@ from hotspare.testing import run_job
 from hotspare.testing.local import EXAMPLE, REPO
 
 SECRET = b"s" * 32
-WORKER = [sys.executable, str(Path(__file__).parent / "scripts" / "echo_worker.py")]
+WORKER = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "echo_worker.py")]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"}
 LINE = {"v": 1}
 

@@ -18,7 +18,7 @@ from hotspare.protocol.workerenv import PREFIX, JobEnv, WorkerEnv, without_contr
 from hotspare.runtime.persist import Persister
 from hotspare.runtime.state import StateRegistry
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 JOB = JobEnv(backend="nccl", join_timeout_s=2.5, fingerprint_every=1, checkpoint_dir="/ck", checkpoint_every=7,
              checkpoint_seconds=30.0, checkpoint_key="/keys/k", resume_dir="/old", faults=True)
 GOOD = WorkerEnv.of(JOB, agent="127.0.0.1:4000", worker="w3", role="spare", device="n0/gpu1").to_env()

@@ -15,7 +15,7 @@ import pytest
 from hotspare.agent.zygote import TORCH_PRELOAD, Zygote, ZygoteError, forkable, preload_for
 from hotspare.testing.local import EXAMPLE
 
-PROBE = str(Path(__file__).parent / "scripts" / "zygote_probe.py")
+PROBE = str(Path(__file__).resolve().parents[1] / "scripts" / "zygote_probe.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -141,7 +141,7 @@ def test_only_a_python_script_is_forked(tmp_path):
 
 def test_the_torch_stack_is_preloaded_only_for_a_script_that_imports_it(tmp_path):
     assert preload_for(str(EXAMPLE)) == TORCH_PRELOAD
-    assert preload_for(str(Path(__file__).parent / "scripts" / "echo_worker.py")) == ()   # protocol only
+    assert preload_for(str(Path(__file__).resolve().parents[1] / "scripts" / "echo_worker.py")) == ()   # protocol only
     plain = tmp_path / "plain.py"
     plain.write_text("import os\nfrom hotspare.protocol import messages\n")
     uses = tmp_path / "uses.py"

@@ -16,7 +16,7 @@ from hotspare.config.doc import render
 from hotspare.config.schema import default_of, options
 from hotspare.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ALL = list(options(RunConfig))
 
 
