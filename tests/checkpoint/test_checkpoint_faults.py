@@ -71,6 +71,7 @@ def test_a_planted_pickle_in_metadata_never_runs_and_resume_takes_the_older_chec
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_resume_with_a_bad_sidecar_is_an_error_for_that_checkpoint_not_a_silent_other_step(tmp_path, reference):
     newest, _ = _two_checkpoints(tmp_path)
     side = json.loads((newest / "hotspare.json").read_text())
@@ -86,7 +87,8 @@ def test_resume_with_a_bad_sidecar_is_an_error_for_that_checkpoint_not_a_silent_
     assert proc.returncode == 2 and "not signed" in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("nproc, spares", [(4, 1), (2, 2)])   # (2, 2): warm spares restore at once
+@pytest.mark.parametrize("nproc, spares", [pytest.param(4, 1, marks=pytest.mark.slow),
+                                           (2, 2)])   # (2, 2): warm spares restore at once
 def test_every_rank_lost_with_the_newest_checkpoint_damaged_falls_back_to_the_older_one(tmp_path, nproc, spares):
     # Rank 0 damages step 20's tensor file at step 25; every rank dies at step 27.
     env = {"CORRUPT_AT": "25", "CORRUPT_STEP": "20"}

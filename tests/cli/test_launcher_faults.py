@@ -58,6 +58,7 @@ def test_a_script_that_never_calls_init_is_reported_not_waited_for():
     assert r.report["outcome"] == "stopped"
 
 
+@pytest.mark.slow
 def test_a_spare_killed_while_it_boots_is_replaced_and_the_job_ends_bitwise_equal():
     clean = run_job(ARGS)
     assert clean.code == 0, clean.output

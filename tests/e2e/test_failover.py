@@ -121,7 +121,7 @@ def test_same_script_runs_under_plain_torchrun_with_the_same_digest(reference, t
     (["--inject", "kill:rank=2", "--", str(EXAMPLE)], "missing step"),
     (["--inject", "explode:rank=2:step=1", "--", str(EXAMPLE)], "unknown fault kind"),
     (["--nproc", "2", "--inject", "kill:rank=5:step=1", "--", str(EXAMPLE)], "rank 5 does not exist"),
-    (["--local-nodes", "0", "--", str(EXAMPLE)], "--local-nodes must be at least 1"),
+    (["--local-nodes", "0", "--", str(EXAMPLE)], "--local-nodes 0 needs --remote-nodes K"),
     (["--nproc", "2", "--spares", "0", "--local-nodes", "3", "--", str(EXAMPLE)], "more than the 2 device slots"),
     (["--spawn", "clone", "--", str(EXAMPLE)], "invalid choice: 'clone'"),
 ])
