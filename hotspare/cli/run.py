@@ -90,7 +90,7 @@ def checkpoint_dir(cfg: RunConfig) -> str:
 def _control_plane(cfg: RunConfig, pre: Preflight, events: "queue.Queue", health, log):
     """The ledger, the cluster view and the coordinator, their settings taken from the config
     here and nowhere else."""
-    from hotspare.coordinator import Coordinator, Ledger
+    from hotspare.coordinator import Coordinator, CoordinatorSettings, Ledger
     from hotspare.coordinator.nodes import Nodes
     from hotspare.policy.decide import ClusterView
     c, hang = cfg.checkpoint, cfg.hang
@@ -108,11 +108,11 @@ def _control_plane(cfg: RunConfig, pre: Preflight, events: "queue.Queue", health
     if injecting(cfg):
         from hotspare.testing.faults import CoordinatorFaults
         plugins.append(CoordinatorFaults(pre.faults))
+    settings = CoordinatorSettings(log_every=cfg.launch.log_every, hang_floor=hang.hang_floor,
+                                   hang_factor=hang.hang_factor, join_timeout=hang.join_timeout,
+                                   checkpoint_dir=checkpoint_dir(cfg), checkpoint_key=pre.key)
     coord = Coordinator(Nodes(usable=health.usable if health else (lambda d: True)), events, view, ledger,
-                        log=log, log_every=cfg.launch.log_every, hang_floor=hang.hang_floor,
-                        hang_factor=hang.hang_factor, join_timeout=hang.join_timeout,
-                        checkpoint_dir=checkpoint_dir(cfg), health=health, plugins=plugins,
-                        checkpoint_key=pre.key)
+                        settings, log=log, health=health, plugins=plugins)
     return ledger, coord
 
 

@@ -19,6 +19,7 @@ plug-ins (fault injection for tests, ``hotspare.testing.faults``) attach through
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import signal
@@ -45,18 +46,34 @@ from hotspare.protocol.messages import Message, make
 PREEMPT_TIMEOUT_S = 20.0   # SIGTERM/SIGINT: time for the last checkpoint (schedulers SIGKILL after ~30 s)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CoordinatorSettings:
+    """The coordinator's knobs; ``hotspare run`` builds them from its typed configuration
+    (hotspare/config/run.py, in cli/run.py ``_control_plane``)."""
+    log_every: int = 0                              # a progress line every K steps (0: ~20 per run)
+    hang_floor: float = hang.DEFAULT_FLOOR_S        # hang detection (policy/hang.py)
+    hang_factor: float = hang.DEFAULT_FACTOR
+    join_timeout: float = 5.0                       # seconds to form a generation's group
+    checkpoint_dir: str = "hotspare-checkpoints"    # the only directory workers write checkpoints to
+    checkpoint_key: bytes | None = None             # verifies checkpoints before a restore
+    preempt_timeout: float = PREEMPT_TIMEOUT_S      # SIGTERM: time allowed for the last checkpoint
+
+
 class Coordinator:
-    def __init__(self, nodes: Nodes, events: "queue.Queue", view: policy.ClusterView,
-                 ledger: Ledger, log: Callable[[str], None] = print, log_every: int = 0,
-                 hang_floor: float = hang.DEFAULT_FLOOR_S, hang_factor: float = hang.DEFAULT_FACTOR,
-                 join_timeout: float = 5.0, checkpoint_dir: str = "hotspare-checkpoints",
-                 health=None, checkpoint_key: bytes | None = None,
-                 preempt_timeout: float = PREEMPT_TIMEOUT_S, plugins=()):
+    def __init__(self, nodes: Nodes, events: "queue.Queue", view: policy.ClusterView, ledger: Ledger,
+                 settings: CoordinatorSettings = CoordinatorSettings(), *, log: Callable[[str], None] = print,
+                 health=None, plugins=()):
+        """``health``: the health desk (coordinator.health.HealthMonitor) or None; ``plugins``:
+        objects with ``install(coordinator)`` (fault injection for tests, hotspare.testing.faults)."""
         self.nodes, self.events, self.view, self.ledger = nodes, events, view, ledger
+        self.settings = settings
         self.log = log
-        self.hang_floor, self.hang_factor, self.join_timeout = hang_floor, hang_factor, join_timeout
+        log_every, checkpoint_dir = settings.log_every, settings.checkpoint_dir
+        self.hang_floor, self.hang_factor = settings.hang_floor, settings.hang_factor
+        self.join_timeout = join_timeout = settings.join_timeout
         self.checkpoint_dir = checkpoint_dir
-        self.preempt_timeout = preempt_timeout
+        self.preempt_timeout = settings.preempt_timeout
+        checkpoint_key = settings.checkpoint_key
         self.preempted: tuple[str, int, float] | None = None   # (signal, exit code, deadline)
         self._preempt_asked = False             # ... and a survivor was asked for the last checkpoint
         self.progress = Progress(at=time.time())

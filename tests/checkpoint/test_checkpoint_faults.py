@@ -113,7 +113,7 @@ def test_every_rank_lost_with_the_newest_checkpoint_damaged_falls_back_to_the_ol
 
 
 def test_a_checkpoint_report_outside_the_job_directory_is_refused(tmp_path):
-    from hotspare.coordinator import Coordinator, Ledger
+    from hotspare.coordinator import Coordinator, CoordinatorSettings, Ledger
     from hotspare.coordinator.events import WorkerSaid
     from hotspare.coordinator.nodes import Nodes, Worker
     from hotspare.policy.decide import ClusterView
@@ -126,7 +126,7 @@ def test_a_checkpoint_report_outside_the_job_directory_is_refused(tmp_path):
     nodes = Nodes()
     nodes.workers["w0"] = Worker("w0", "n", "active", 0, None)
     coord = Coordinator(nodes, queue.Queue(), ClusterView(world_size=1, target_spares=0), Ledger({}),
-                        log=lines.append, checkpoint_dir=str(ours))
+                        CoordinatorSettings(checkpoint_dir=str(ours)), log=lines.append)
     coord.view.generation = 1                  # the reports are of generation 1, a formed one
     for path in (planted, ours / "step-000000005"):
         coord.events.put(WorkerSaid("w0", {"type": "checkpointed", "gen": 1, "rank": 0, "step": 5,
