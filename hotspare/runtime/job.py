@@ -199,6 +199,10 @@ class Job:
         if self.role == "active":
             self.members.rank = int(os.environ["RANK"])
             self.members.world_size = int(os.environ["WORLD_SIZE"])
+        if self.role == "spare" and env.backend == "nccl":
+            # Pay CUDA's start-up (context, cuBLAS) while waiting, not in the take-over.
+            from hotspare.runtime.cudawarm import warm_cuda
+            warm_cuda(f"cuda:{self.local_rank}" if self.local_rank >= 0 else None)
         # A spare waits here until it takes a rank: the script's code after init() runs only
         # with the rank, world size and process group it trains with, as under torchrun.
         self.link.send("ready", worker=self.worker, committed=self.committed)
