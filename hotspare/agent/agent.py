@@ -21,7 +21,6 @@ and only a worker's own kinds of message are relayed.
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import signal
 import socket
