@@ -461,13 +461,16 @@ def test_a_job_whose_launcher_ran_out_of_file_descriptors_still_fails_over(tmp_p
         ports = [p for _, p in listening(proc.pid)]
         used = len(os.listdir(f"/proc/{proc.pid}/fd"))
         resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (used + 40, used + 40))
-        flood = []
-        for port in ports * 40:
+        flood, end = [], time.monotonic() + 5.0
+        for port in ports * 40:              # a full backlog makes a connect wait: keep each short,
+            if time.monotonic() > end:       # and the whole flood well inside the job's run
+                break
             with contextlib.suppress(OSError):
-                flood.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+                flood.append(socket.create_connection(("127.0.0.1", port), timeout=0.2))
         time.sleep(1.0)                                  # the accept loops meet EMFILE meanwhile
         for sock in flood:
             sock.close()
+        assert proc.poll() is None, "the job ended before the flood was over: make it longer"
         armed = subprocess.run([sys.executable, "-m", "hotspare", "inject", "kill:rank=1"],
                                capture_output=True, text=True, env=env, timeout=60)
         assert armed.returncode == 0, armed.stdout + armed.stderr
