@@ -17,8 +17,16 @@ running job), and the worker side is told by ``HOTSPARE_FAULTS=1`` in its enviro
   (``hotspare.runtime.hooks``): it sends the triggers, waits for ``go`` while watched, and does
   to itself the faults a worker does (``slow``, ``nan``, ``corrupt``, ``exit_now``).
 """
-from hotspare.testing.faults.agent import AgentFaults, Injector
-from hotspare.testing.faults.coordinator import Arming, CoordinatorFaults
-from hotspare.testing.faults.grammar import GRAMMAR, Fault, parse
+import importlib
 
-__all__ = ["GRAMMAR", "AgentFaults", "Arming", "CoordinatorFaults", "Fault", "Injector", "parse"]
+# Imported on first use: a worker that loads its side (``worker``) pulls in neither the agent's
+# nor the coordinator's.
+_WHERE = {"AgentFaults": "agent", "Injector": "agent", "Arming": "coordinator", "CoordinatorFaults": "coordinator",
+          "GRAMMAR": "grammar", "Fault": "grammar", "parse": "grammar"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"hotspare.testing.faults.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'hotspare.testing.faults' has no attribute {name!r}")

@@ -15,10 +15,8 @@ from typing import Callable
 
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import Message, make
-from hotspare.protocol.workerenv import WorkerEnv
 from hotspare.testing.faults.grammar import PROCESS_FAULTS, Fault, parse
 
-ENV = {WorkerEnv.variables()["faults"]: "1"}     # the worker side loads its plug-in (WorkerEnv.faults)
 
 
 class Injector:
@@ -76,9 +74,6 @@ class AgentFaults:
     @property
     def device_faults(self) -> bool:
         return self.device_fault is not None
-
-    def worker_env(self) -> dict[str, str]:
-        return dict(ENV)
 
     def commands(self) -> dict[str, Callable[[Message], None]]:
         """The agent commands this plug-in adds (from the coordinator's ``CoordinatorFaults``)."""
