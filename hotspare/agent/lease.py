@@ -57,8 +57,17 @@ class AgentLease:
             sent = self._sent.pop(msg["seq"], None)
             for seq in [s for s in self._sent if s < msg["seq"]]:    # older ones cannot extend it further
                 del self._sent[seq]
-            if sent is not None and not self.fenced.is_set() and valid_until(sent, self.lease) > self._until:
-                self._granted_from, self._until = sent, valid_until(sent, self.lease)
+        if sent is not None:
+            self.extend(sent)
+
+    def extend(self, since: float) -> None:
+        """Proof that no coordinator can have begun to count this node as lost before ``since``
+        (monotonic): an answered renewal sent then, or, while the coordinator service is down,
+        its host refusing a connection then (nothing listens: no coordinator runs to declare
+        anyone lost, and a restarted one waits a whole lease for the agents to re-register)."""
+        with self._lock:
+            if not self.fenced.is_set() and valid_until(since, self.lease) > self._until:
+                self._granted_from, self._until = since, valid_until(since, self.lease)
                 self._lock.notify_all()
 
     def _renew_loop(self) -> None:

@@ -54,6 +54,17 @@ def worker_env(welcome: Message, base: dict[str, str], say) -> dict[str, str]:
     return env
 
 
+def _serve_pool(ch: Channel, registered: Message, hello_at: float, coordinator: str, secret: bytes, node: str,
+                devices: list[str], spare: bool, spawn: str, say) -> int:
+    from hotspare.agent.pooled import ServiceLink, serve_pool
+    link = ServiceLink(coordinator, secret, node, devices, spare, say)
+    link.attach(ch, registered, hello_at)
+    say(f"registered with the coordinator service at {coordinator}: {len(devices)} device slot(s)"
+        + (", a spare host" if spare else "") + f", lease {registered['lease']:g} s")
+    return serve_pool(link, sys.executable, dict(os.environ), spawn,
+                      lambda assign: worker_env(assign, dict(os.environ), say))
+
+
 class LeasedUplink:
     """The agent's link to the coordinator, read by a thread of its own: lease answers
     (``renewed``) and a refusal are handled the moment they arrive, even while the agent's
@@ -97,8 +108,11 @@ class LeasedUplink:
         self.channel.close()
 
 
-def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn: str = "fork") -> int:
-    """Run this host's agent until the job ends (0), or the lease runs out (EXIT_FENCED)."""
+def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn: str = "fork",
+          spare: bool = False) -> int:
+    """Run this host's agent until the job ends (0), or the lease runs out (EXIT_FENCED). At a
+    coordinator service (``hotspare coordinator``) the agent joins its pool instead and works
+    for the jobs placed on it (``hotspare.agent.pooled``); ``spare``: this host holds spares."""
     def say(line: str) -> None:
         print(f"hotspare agent {node}: {line}", file=sys.stderr, flush=True)
 
@@ -106,10 +120,15 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
     hello_at = time.monotonic()        # this side's lease counts from before the hello went out
     try:
         ch = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=node, pid=os.getpid(),
-                          devices=devices, device_faults=False, nonce=nonce)
+                          devices=devices, device_faults=False, nonce=nonce, spare=spare, job="", alive=[])
     except OSError as e:
         raise ConfigError(f"cannot reach the coordinator at {coordinator}: {e}") from None
     welcome = ch.recv()
+    if welcome is not None and welcome["type"] == "registered":
+        if not hmac.compare_digest(welcome_proof(secret, node, nonce), welcome["proof"]):
+            ch.close()
+            raise ProtocolError(f"{coordinator} could not prove it holds the secret; not working for it")
+        return _serve_pool(ch, welcome, hello_at, coordinator, secret, node, devices, spare, spawn, say)
     if welcome is None or welcome["type"] != "welcome":
         why = welcome["message"] if welcome and welcome["type"] == "refused" else "it closed the link"
         ch.close()

@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="device slots of this host; each worker or spare placed here holds one (default cpu:1)")
     p.add_argument("--name", default=None, help="this node's name in the job (default: the host name); a "
                                                 "host that was declared lost must come back under a new one")
+    p.add_argument("--spare", action="store_true",
+                   help="at a coordinator service: this host holds warm spares of the jobs placed elsewhere")
     p.add_argument("--spawn", choices=("fork", "exec"), default="fork",
                    help="fork workers from a zygote that imported torch, or exec each (as hotspare run)")
     p.set_defaults(func=run)
@@ -47,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         if ":" not in args.coordinator:
             raise ConfigError(f"--coordinator {args.coordinator!r}: give ADDR:PORT")
         secret = auth.load_secret(args.secret_file)
-        return serve(args.coordinator, secret, name, parse_devices(args.devices, name), spawn=args.spawn)
+        return serve(args.coordinator, secret, name, parse_devices(args.devices, name), spawn=args.spawn,
+                     spare=args.spare)
     except (ConfigError, ProtocolError) as e:
         print(f"hotspare agent: error: {e}", file=sys.stderr)
         return 2

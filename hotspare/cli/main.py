@@ -14,6 +14,8 @@ import sys
 SUBCOMMANDS = [
     ("run", "hotspare.cli.run"),
     ("agent", "hotspare.cli.agent"),     # a node agent on another host
+    ("coordinator", "hotspare.cli.coordinator"),   # the service of many hosts and jobs
+    ("submit", "hotspare.cli.jobs"),     # also registers status / cancel
     ("demo", "hotspare.cli.demo"),
     ("chaos", "hotspare.cli.chaos"),
     ("plan", "hotspare.cli.plan"),

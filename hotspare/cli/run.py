@@ -12,7 +12,8 @@ import time
 from hotspare.cli.preflight import Preflight, preflight
 from hotspare.config import RunConfig, add_arguments, from_namespace
 from hotspare.errors import ConfigError
-from hotspare.protocol.workerenv import JobEnv, without_contract
+from hotspare.protocol.workerenv import without_contract
+from hotspare.service.build import checkpoint_dir, control_plane, injecting, job_env
 
 DESCRIPTION = """\
 Run a training script on NPROC worker processes plus SPARES warm spares, torchrun-style.
@@ -64,58 +65,6 @@ def _fail(e: ConfigError) -> int:
     return 2
 
 
-def job_env(cfg: RunConfig, pre: Preflight) -> JobEnv:
-    """The job-wide part of every worker's contract (hotspare/protocol/workerenv.py)."""
-    c = cfg.checkpoint
-    return JobEnv(backend=cfg.launch.backend, join_timeout_s=cfg.hang.join_timeout,
-                  fingerprint_every=cfg.health.fingerprint_every,
-                  # Workers write (and restore) only inside these, signed with the key file named here.
-                  checkpoint_dir=checkpoint_dir(cfg), checkpoint_every=c.checkpoint_every,
-                  checkpoint_seconds=c.checkpoint_seconds, checkpoint_key=pre.key_file,
-                  resume_dir=os.path.abspath(c.resume) if c.resume else None)
-
-
-def injecting(cfg: RunConfig) -> bool:
-    """Whether this job loads the fault-injection plug-in: --inject, or --allow-inject for
-    `hotspare inject` into the running job."""
-    return bool(cfg.faults.inject) or cfg.faults.allow_inject
-
-
-def checkpoint_dir(cfg: RunConfig) -> str:
-    """Where checkpoints go: --checkpoint-dir, else ./hotspare-checkpoints for the last one of a
-    job that stops for lack of capacity."""
-    return os.path.abspath(cfg.checkpoint.checkpoint_dir or "hotspare-checkpoints")
-
-
-def _control_plane(cfg: RunConfig, pre: Preflight, events: "queue.Queue", health, log):
-    """The ledger, the cluster view and the coordinator, their settings taken from the config
-    here and nowhere else."""
-    from hotspare.coordinator import Coordinator, CoordinatorSettings, Ledger
-    from hotspare.coordinator.nodes import Nodes
-    from hotspare.policy.decide import ClusterView
-    c, hang = cfg.checkpoint, cfg.hang
-    settings = {"script": cfg.script, "args": list(cfg.script_args), "nproc": cfg.launch.nproc,
-                "spares": cfg.capacity.spares, "inject": [str(f) for f in pre.faults],
-                "checkpoint_dir": c.checkpoint_dir, "checkpoint_every": c.checkpoint_every,
-                "resume": c.resume, "hang_floor_s": hang.hang_floor, "hang_factor": hang.hang_factor,
-                "backend": cfg.launch.backend}
-    ledger = Ledger(settings)
-    ledger.checkpoint_fallbacks.extend(pre.fallbacks)
-    view = ClusterView(world_size=cfg.launch.nproc, target_spares=cfg.capacity.spares, resume=pre.resume_path,
-                       replacements_left=cfg.capacity.max_replacements, capacity_wait=cfg.capacity.capacity_wait)
-    # Fault injection is a testing plug-in, loaded only when asked for (hotspare.testing.faults).
-    plugins = []
-    if injecting(cfg):
-        from hotspare.testing.faults import CoordinatorFaults
-        plugins.append(CoordinatorFaults(pre.faults))
-    settings = CoordinatorSettings(log_every=cfg.launch.log_every, hang_floor=hang.hang_floor,
-                                   hang_factor=hang.hang_factor, join_timeout=hang.join_timeout,
-                                   checkpoint_dir=checkpoint_dir(cfg), checkpoint_key=pre.key)
-    coord = Coordinator(Nodes(usable=health.usable if health else (lambda d: True)), events, view, ledger,
-                        settings, log=log, health=health, plugins=plugins)
-    return ledger, coord
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = from_namespace(RunConfig, args)
@@ -154,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         health, source, poller, reconciler = _health_service(cfg, pre, events, log)
     except ConfigError as e:
         return _fail(e)
-    ledger, coord = _control_plane(cfg, pre, events, health, log)
+    ledger, coord = control_plane(cfg, pre, events, health, log)
     # This host's node agents talk to the coordinator over TCP, as remote agents would.
     endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
     agents = _agents(cfg, env, endpoint.address, secret, health.devices if health else None,
@@ -290,23 +239,15 @@ def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes
 
 
 REMOTE_WAIT_S = 120.0     # remote agents may be started by hand after the launcher
-# What a remote agent's workers get from the launcher's environment (the rest is their own host's).
-_JOB_VARS = ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "GROUP_RANK",
-             "TORCHELASTIC_RUN_ID", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
-
-
 def _remote_endpoint(cfg: RunConfig, env: dict[str, str], events: "queue.Queue", secret: bytes, coord, log):
     """The --listen endpoint for `hotspare agent` on other hosts (None without --listen)."""
     if cfg.hosts.listen is None:
         return None
-    from hotspare.checkpoint.auth import ENV_KEY
     from hotspare.config.run import host_port
     from hotspare.coordinator.remote import remote_endpoint
-    from hotspare.protocol.workerenv import WorkerEnv
+    from hotspare.service.build import remote_job_env
     h = cfg.hosts
-    contract = set(WorkerEnv.variables().values()) | {ENV_KEY}
-    job = {k: v for k, v in env.items() if k in _JOB_VARS or k in contract}
-    job["LOCAL_WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"]
+    job = remote_job_env(env)
     host, port = host_port(h.listen)
     remote = remote_endpoint(events, secret, coord.nodes.owner, host, port, h.node_lease, h.lease_margin,
                              os.path.abspath(cfg.script), list(cfg.script_args), job, log)

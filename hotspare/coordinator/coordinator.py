@@ -90,6 +90,7 @@ class Coordinator:
         # event type -> its handler; plug-ins add listeners, which run after it (``listen``)
         self._events: dict[type, Callable[[Any], None]] = {
             ev.NodeConnected: self._node_connected, ev.NodeLost: self._node_lost,
+            ev.NodeResumed: self._node_resumed, ev.NodeReleased: self._node_released,
             ev.AgentRefused: self._agent_refused, ev.DeviceChecked: self._device_checked,
             ev.WorkerStarted: _nothing, ev.WorkerStopped: _nothing,
             ev.WorkerExited: self._worker_exited, ev.WorkerSaid: self._worker_said,
@@ -157,7 +158,9 @@ class Coordinator:
 
     def _wind_down(self, event: ev.Event) -> None:
         """An event while the job winds down: no decision is taken any more."""
-        if isinstance(event, ev.NodeLost):
+        if isinstance(event, ev.NodeReleased):
+            self.nodes.lose(event.node)
+        elif isinstance(event, ev.NodeLost):
             node = self.nodes.nodes.get(event.node)
             self.nodes.lose(event.node, event.channel)
             if self.health is not None and node is not None and node.channel is event.channel:
@@ -220,6 +223,8 @@ class Coordinator:
                 except ProtocolError as e:
                     _say(f"refusing a message from worker {event.worker}: {e}", flush=True)
                     return
+            if isinstance(event, ev.WorkerExited) and worker is not None and worker.exit_code is not None:
+                return          # already handled: an exit replayed after the node resumed, say
             if self.nodes.observe(event) is None:
                 _say(f"ignoring {type(event).__name__} about unknown worker {event.worker!r}")
                 return
@@ -243,6 +248,26 @@ class Coordinator:
         self.log(f"NODE    {e.node}: agent pid {node.pid} connected, {slots}")
         if self.health is not None:
             self.health.node_connected(node.name, node.devices)
+
+    def _node_resumed(self, e: ev.NodeResumed) -> None:
+        """A node's agent re-registered after this coordinator restarted and replayed what its
+        workers said and did meanwhile; a worker it no longer runs whose exit was not among
+        that (more than the agent could keep) is gone all the same."""
+        node = self.nodes.nodes.get(e.node)
+        if node is None or node.lost:
+            return
+        gone = [w for w in sorted(node.missing) if self.nodes.workers[w].exit_code is None]
+        node.missing = set()
+        self.log(f"NODE    {e.node}: resumed, {len(e.alive)} worker(s) still running")
+        for w in gone:
+            self.nodes.workers[w].exit_code = -signal.SIGKILL
+            self._worker_gone(w, -signal.SIGKILL, "ended while the coordinator was away", e.t)
+
+    def _node_released(self, e: ev.NodeReleased) -> None:
+        """A node's agent ended its part of this job while it still ran: its workers are lost."""
+        node = self.nodes.nodes.get(e.node)
+        if node is not None and node.channel is not None:
+            self._node_lost(ev.NodeLost(e.node, node.channel, e.t))
 
     def _device_checked(self, e: ev.DeviceChecked) -> None:
         if self.health is not None:
@@ -370,6 +395,11 @@ class Coordinator:
             self.progress.recovering_since = t
         elif self.view.phase is not JobPhase.RECOVERING:
             self.progress.recovering_since = None
+
+    def stop(self, message: str) -> None:
+        """End the job now (its workers are ended), for ``message`` (an operator's cancel)."""
+        if not self.view.phase.over:
+            self._stop_now(message, time.time())
 
     def _stop_now(self, message: str, t: float) -> None:
         self._signal_actions((policy.Stop(1, message),), message, t)

@@ -34,6 +34,25 @@ class NodeLost:
 
 
 @dataclass(frozen=True)
+class NodeResumed:
+    """The agent of a node re-registered with a restarted coordinator service and replayed what
+    it saw meanwhile: ``alive`` are the job's workers still running there."""
+    node: str
+    job: str
+    alive: tuple[str, ...]
+    t: float
+
+
+@dataclass(frozen=True)
+class NodeReleased:
+    """The agent ended its part of job ``job`` (every worker gone) and is back in the service's
+    pool; its link stays open."""
+    node: str
+    job: str
+    t: float
+
+
+@dataclass(frozen=True)
 class AgentRefused:
     """A node agent could not carry out a command."""
     node: str
@@ -123,7 +142,7 @@ class Preempt:
     t: float
 
 
-Event = Union[NodeConnected, NodeLost, AgentRefused, DeviceChecked, WorkerStarted, WorkerStopped, WorkerExited,
+Event = Union[NodeConnected, NodeLost, NodeResumed, NodeReleased, AgentRefused, DeviceChecked, WorkerStarted, WorkerStopped, WorkerExited,
               WorkerSaid, FaultInjected, Readings, OperatorCommand, Preempt]
 
 # the events about one worker, which a node may send only for its own workers
@@ -146,6 +165,8 @@ _DECODE: dict[str, Callable[[str, Message, Callable[[float], float], float], Eve
     "injected": lambda node, m, t, now: FaultInjected(m["worker"], m["fault"], m["id"], t(m["t"])),
     "refused": lambda node, m, t, now: AgentRefused(node, m["command"], m["message"], now),
     "checked": lambda node, m, t, now: _checked(node, m, now),
+    "resumed": lambda node, m, t, now: NodeResumed(node, m["job"], tuple(m["alive"]), now),
+    "released": lambda node, m, t, now: NodeReleased(node, m["job"], now),
 }
 
 

@@ -12,7 +12,6 @@ gets) is decided here, the agent only carries it out. Nothing here blocks on an 
 """
 from __future__ import annotations
 
-import itertools
 import math
 import queue
 import signal
@@ -51,13 +50,21 @@ class Worker:
 @dataclass
 class Node:
     name: str
-    channel: Channel
+    channel: Channel | None              # None: restored by a restarted coordinator, awaiting its agent
     devices: list[str]
     device_faults: bool
     pid: int
     lost: bool = False
     lost_at: float | None = None     # lost while the job ran (not in its shutdown)
     workers: set[str] = field(default_factory=set)
+    # re-registered after a restart: its workers then running that its agent no longer ran;
+    # their exits come in what the agent replays (``Coordinator._node_resumed`` settles the rest)
+    missing: set[str] = field(default_factory=set)
+
+
+def worker_number(worker: str) -> int:
+    """The number of worker ``w7`` (or, in a job of the coordinator service, ``j2.w7``)."""
+    return int(worker.rpartition("w")[2])
 
 
 def refuse(ch: Channel, command: str, message: str) -> None:
@@ -76,14 +83,22 @@ class NodeEndpoint:
 
     def __init__(self, events: "queue.Queue", secret: bytes, owner: Callable[[str], str | None],
                  host: str = "127.0.0.1", port: int = 0, welcome: Callable[[Message], Message] | None = None,
-                 leases: "Leases | None" = None):
+                 leases: "Leases | None" = None, route: Callable[[str], "queue.Queue"] | None = None,
+                 clients: Callable[[Channel, Message], None] | None = None):
         """``welcome(hello)``: the first message to each agent that connects (remote agents learn the
         job from it); ``leases``: the nodes here hold leases (``hotspare.coordinator.lease``) they
-        renew, and a node whose lease expires is lost as one whose link closed."""
+        renew, and a node whose lease expires is lost as one whose link closed. A coordinator
+        service of many jobs (``hotspare.service``) gives ``route(node)``: the queue of the job
+        that node's events go to (else all go to ``events``), and ``clients(channel, request)``,
+        which serves the authenticated requests of `hotspare submit`, `status` and `cancel` on
+        the same address."""
         self.events = events
         self._key = auth.node_key(secret)
+        self._client_key = auth.client_token(secret) if clients is not None else None
         self._owner = owner
         self._welcome, self.leases = welcome, leases
+        self._route = route or (lambda node: events)
+        self._clients = clients
         server = bound_server(host, port)
         self.address = f"{host}:{server.getsockname()[1]}"
         # A relay wraps a worker's line (at most MAX_LINE on the agent's worker port): room for both.
@@ -97,12 +112,18 @@ class NodeEndpoint:
 
     def _handshake(self, ch: Channel) -> Message:
         try:
-            return auth.accept(ch, auth.NODE, lambda node: self._key)
+            if self._clients is None:
+                return auth.accept(ch, auth.NODE, lambda node: self._key)
+            return auth.accept(ch, (auth.NODE, auth.CLIENT),
+                               lambda role, who: self._key if role == auth.NODE else self._client_key)
         except ProtocolError as e:
             refuse(ch, "connect", str(e))
             raise
 
     def _serve(self, ch: Channel, hello: Message) -> None:
+        if hello["type"] == "request":
+            self._clients(ch, hello)
+            return
         node = hello["node"]
         if self._welcome is not None:
             try:
@@ -111,7 +132,7 @@ class NodeEndpoint:
                 return
         if self.leases is not None:
             self.leases.add(node, ch)
-        self.events.put(ev.NodeConnected(node, hello, ch, time.time()))
+        self._route(node).put(ev.NodeConnected(node, hello, ch, time.time()))
         while True:
             try:
                 msg = ch.recv()
@@ -123,7 +144,7 @@ class NodeEndpoint:
                 msg = None
             if msg is None:       # the payload tells this link from a later one of the same name
                 if self.leases is None or self.leases.release(ch):     # else: lost already, by its lease
-                    self.events.put(ev.NodeLost(node, ch, time.time()))
+                    self._route(node).put(ev.NodeLost(node, ch, time.time()))
                 return
             if msg["type"] == "renew" and self.leases is not None:
                 if self.leases.renew(ch):
@@ -143,7 +164,7 @@ class NodeEndpoint:
         event = ev.decode(node, msg, _event_time, time.time())
         if isinstance(event, ev.WORKER_EVENTS) and self._owner(event.worker) != node:
             raise ProtocolError(f"worker {event.worker[:64]!r} is not one this node runs")
-        self.events.put(event)
+        self._route(node).put(event)
 
 
 def _event_time(t: float) -> float:
@@ -162,11 +183,13 @@ def _say(line: str) -> None:
 class Nodes:
     """The coordinator's view of its node agents and their workers (coordinator thread only)."""
 
-    def __init__(self, usable: Callable[[str], bool] = lambda d: True):
-        self.usable = usable
+    def __init__(self, usable: Callable[[str], bool] = lambda d: True, job: str = ""):
+        """``job``: the job these nodes run, as its agents name it when they re-register with a
+        restarted coordinator (``hotspare.service``)."""
+        self.usable, self.job = usable, job
         self.nodes: dict[str, Node] = {}
         self.workers: dict[str, Worker] = {}
-        self._ids = itertools.count()
+        self.next_id = 0                                 # the next worker is w<next_id>
         self.ending = False                              # shutdown asked: links closing now are no loss
 
     # ------------------------------------------------------------------ links
@@ -177,6 +200,9 @@ class Nodes:
 
     def add(self, hello: Message, channel: Channel) -> Node:
         name = hello["node"]
+        known = self.nodes.get(name)
+        if known is not None and not known.lost and known.channel is None:
+            return self._reattach(known, hello, channel)
         if name in self.nodes and not self.nodes[name].lost:
             raise ProtocolError(f"a node named {name!r} is already connected")
         if name in self.nodes:     # its old workers are gone or fenced: a new link must not speak for them
@@ -185,6 +211,23 @@ class Nodes:
         node = Node(name, channel, [str(d) for d in hello["devices"]], hello["device_faults"], hello["pid"])
         self.nodes[name] = node
         return node
+
+    def _reattach(self, node: Node, hello: Message, channel: Channel) -> Node:
+        """The agent of a node this coordinator knew before it restarted re-registers: it must
+        speak for the same job and hold no worker this coordinator never placed on it."""
+        if hello.get("job") != self.job:
+            raise ProtocolError(f"node {node.name!r} re-registers for job {str(hello.get('job'))[:64]!r}, "
+                                f"not {self.job!r}")
+        alive = hello.get("alive")
+        if not isinstance(alive, list) or not set(alive) <= node.workers:
+            raise ProtocolError(f"node {node.name!r} re-registers with workers this coordinator did not place there")
+        node.channel, node.pid = channel, hello["pid"]
+        node.missing = {w for w in node.workers if self.workers[w].exit_code is None} - set(alive)
+        return node
+
+    def detached(self) -> list[str]:
+        """Live nodes whose agents have not re-registered since this coordinator restarted."""
+        return [n.name for n in self.nodes.values() if not n.lost and n.channel is None]
 
     def lose(self, name: str, channel: Channel | None = None) -> list[str]:
         """The link ``channel`` to ``name`` closed (any link when None): its live workers are
@@ -203,7 +246,7 @@ class Nodes:
         return node is not None and self._tell(node, msg)
 
     def _tell(self, node: Node, msg: Message) -> bool:
-        if node.lost:
+        if node.lost or node.channel is None:
             return False
         try:
             node.channel.send(msg)
@@ -239,7 +282,8 @@ class Nodes:
         if where is None:
             return None
         node, device = where
-        worker = f"w{next(self._ids)}"
+        worker = f"{self.job}.w{self.next_id}" if self.job else f"w{self.next_id}"
+        self.next_id += 1
         self.workers[worker] = Worker(worker, node.name, role, rank, device)
         node.workers.add(worker)
         self._tell(node, make("spawn", worker=worker, role=role, rank=rank, device=device))
@@ -291,7 +335,7 @@ class Nodes:
         return {n.name: {"devices": n.devices, "lost": n.lost_at is not None, "lost_at": n.lost_at, "workers": [
             {"worker": w, "role": self.workers[w].role, "rank": self.workers[w].rank,
              "device": self.workers[w].device, "exit_code": self.workers[w].exit_code}
-            for w in sorted(n.workers, key=lambda w: int(w[1:]))]} for n in self.nodes.values()}
+            for w in sorted(n.workers, key=worker_number)]} for n in self.nodes.values()}
 
     def shutdown(self, grace: float) -> None:
         """Ask every agent to end its workers (SIGKILL after ``grace`` seconds) and close."""

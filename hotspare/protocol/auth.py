@@ -40,9 +40,10 @@ HELLO_TIMEOUT_S = 5.0             # a connection must prove itself within this t
 HELLO_MAX_LINE = 16 * 1024        # before the proof, no line may be longer
 CHALLENGE_WAIT_S = 30.0           # a client waits this long for a busy listener's challenge
 
-NODE, WORKER, OPERATOR = "node", "worker", "operator"
+NODE, WORKER, OPERATOR, CLIENT = "node", "worker", "operator", "client"
 # role -> (the first message's type, the field naming who speaks)
-HELLOS = {NODE: ("agent_hello", "node"), WORKER: ("hello", "worker"), OPERATOR: ("inject", "operator")}
+HELLOS = {NODE: ("agent_hello", "node"), WORKER: ("hello", "worker"), OPERATOR: ("inject", "operator"),
+          CLIENT: ("request", "operator")}
 
 
 class AuthError(ProtocolError):
@@ -68,6 +69,11 @@ def worker_token(secret: bytes, worker: str) -> str:
 
 def operator_token(secret: bytes) -> str:
     return _derive(secret, "hotspare operator")
+
+
+def client_token(secret: bytes) -> str:
+    """What `hotspare submit`, `status` and `cancel` prove to the coordinator service."""
+    return _derive(secret, "hotspare client")
 
 
 def proof(key: str, role: str, identity: str, nonce: str) -> str:
@@ -126,23 +132,31 @@ def peer(ch: Channel) -> str:
         return "?"
 
 
-def accept(ch: Channel, role: str, key_for: Callable[[str], str | None]) -> Message:
-    """Challenge a new connection and check its first message: the hello of ``role`` whose
-    proof matches the key ``key_for(identity)`` (None: nobody of that name may connect).
-    Returns the hello; raises AuthError (the caller refuses and logs). The listener
-    (``hotspare.protocol.listen``) bounds how long this may take."""
-    kind, field = HELLOS[role]
+def accept(ch: Channel, role: str | tuple[str, ...], key_for: Callable[[str], str | None]) -> Message:
+    """Challenge a new connection and check its first message: the hello of ``role`` (or of
+    one of several roles; ``key_for(identity)`` then gets the role too) whose proof matches the
+    key ``key_for(identity)`` (None: nobody of that name may connect). Returns the hello;
+    raises AuthError (the caller refuses and logs). The listener (``hotspare.protocol.listen``)
+    bounds how long this may take."""
+    roles = (role,) if isinstance(role, str) else role
     nonce = secrets.token_hex(16)
     ch.send(make("challenge", nonce=nonce))
     hello = ch.recv()
     if hello is None:
         raise AuthError("closed before saying who it is")
-    if hello["type"] != kind:
-        raise AuthError(f"a {role} connection must begin with {kind!r}, got {hello['type']!r}")
+    role = next((r for r in roles if HELLOS[r][0] == hello["type"]), None)
+    if role is None:
+        kinds = " or ".join(repr(HELLOS[r][0]) for r in roles)
+        raise AuthError(f"a {'/'.join(roles)} connection must begin with {kinds}, got {hello['type']!r}")
+    kind, field = HELLOS[role]
+    keyed = key_for
+    if len(roles) > 1:
+        def keyed(identity: str) -> str | None:
+            return key_for(role, identity)  # type: ignore[call-arg]
     identity, given = hello.get(field), hello.get("proof")
     if not isinstance(identity, str) or not isinstance(given, str):
         raise AuthError(f"{kind!r} lacks {field!r} or its proof")
-    key = key_for(identity)
+    key = keyed(identity)
     if key is None or not verify(key, role, identity, nonce, given):
         raise AuthError(f"{role} {identity[:64]!r} failed authentication (wrong or missing job secret)")
     return hello

@@ -86,6 +86,14 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     # a remote node's lease (hotspare.agent.lease, hotspare.coordinator.lease): the coordinator's
     # first word to an agent that connected over the network, and the renewals that follow
     "welcome": {"lease": _NUM, "script": _STR, "args": _LIST, "env": _DICT, "proof": _STR},
+    # a node agent and the coordinator service (hotspare coordinator, hotspare.service): the
+    # service's first word (the agent is in its pool, no job yet; ``job``: the job it resumed),
+    # a job placed on the node, and the agent's word that it resumed a job after the service
+    # restarted (its replayed messages went first) or that it ended its part of one
+    "registered": {"lease": _NUM, "proof": _STR, "job": _STR},
+    "assign": {"job": _STR, "script": _STR, "args": _LIST, "env": _DICT, "devices": _LIST},
+    "resumed": {"job": _STR, "alive": _LIST},
+    "released": {"job": _STR},
     "renew": {"seq": _INT},                                  # agent -> coordinator
     "renewed": {"seq": _INT},                                # coordinator -> agent
     "admit": {"devices": _LIST, "size": _STR},               # admission checks of these devices
@@ -93,6 +101,9 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     # operator (hotspare inject) <-> launcher
     "inject": {"spec": _STR, "operator": _STR, "proof": _STR},
     "control_reply": {"ok": (bool,), "message": _STR},
+    # a client (hotspare submit, status, cancel) -> the coordinator service; answered with a
+    # control_reply whose extra fields carry the result
+    "request": {"operator": _STR, "command": _STR, "args": _DICT, "proof": _STR},
 }
 
 # What a worker may say to its agent (and the agent relays): nothing else is relayed.
@@ -181,6 +192,11 @@ NESTED: dict[str, dict[str, Callable[[str, Any], None]]] = {
                 "env": lambda k, v: _mapping(k, "env", v, lambda e: isinstance(e, str) and len(e) <= 65536,
                                              "a string")},
     "admit": {"devices": lambda k, v: _sequence(k, "devices", v, _short, "device names")},
+    "assign": {"args": lambda k, v: _sequence(k, "args", v, lambda a: isinstance(a, str), "strings"),
+               "env": lambda k, v: _mapping(k, "env", v, lambda e: isinstance(e, str) and len(e) <= 65536,
+                                            "a string"),
+               "devices": lambda k, v: _sequence(k, "devices", v, _short, "device names")},
+    "resumed": {"alive": lambda k, v: _sequence(k, "alive", v, _short, "worker ids")},
 }
 
 

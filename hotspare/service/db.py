@@ -1,0 +1,141 @@
+"""The coordinator service's state, in one SQLite database (``DIR/coordinator.db``).
+
+Four tables: ``hosts`` (every node agent that registered: its device slots, whether it is a
+spare host, its state), ``jobs`` (what was submitted: the request, its state, where it was
+placed, its rendezvous store, its report), ``job_state`` (each running job's coordinator state,
+``hotspare.coordinator.persist``, rewritten as it changes) and ``events`` (a log of what the
+service did). Every write is one transaction, so a ``kill -9`` at any moment leaves the last
+committed state; WAL mode keeps readers (``hotspare status`` answers from here) off the writer.
+The service's one thread that owns a job writes that job's rows; the connection is shared
+under a lock.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS hosts (name TEXT PRIMARY KEY, devices TEXT NOT NULL, spare INTEGER NOT NULL,
+                                  state TEXT NOT NULL, seen REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, request TEXT NOT NULL, state TEXT NOT NULL,
+                                 submitted REAL NOT NULL, started REAL, ended REAL, message TEXT NOT NULL DEFAULT '',
+                                 placement TEXT, store TEXT, code INTEGER, report TEXT);
+CREATE TABLE IF NOT EXISTS job_state (job TEXT PRIMARY KEY, state TEXT NOT NULL, saved REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, job TEXT,
+                                   what TEXT NOT NULL);
+"""
+# a job's life: queued until placed, running, then one of the ends
+QUEUED, RUNNING, FINISHED, STOPPED, CANCELLED = "queued", "running", "finished", "stopped", "cancelled"
+ENDED = (FINISHED, STOPPED, CANCELLED)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    request: dict[str, Any]
+    state: str
+    submitted: float
+    started: float | None
+    ended: float | None
+    message: str
+    placement: dict[str, Any] | None     # {"hosts": [...], "spare_hosts": [...]}
+    store: dict[str, Any] | None         # {"host", "port", "pid"}
+    code: int | None
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "state": self.state, "script": self.request.get("script"),
+                "nodes": self.request.get("nodes"), "nproc_per_node": self.request.get("nproc_per_node"),
+                "spares": self.request.get("spares"), "submitted": self.submitted, "started": self.started,
+                "ended": self.ended, "message": self.message, "placement": self.placement, "code": self.code}
+
+
+class StateDB:
+    def __init__(self, directory: str | Path):
+        self.path = Path(directory) / "coordinator.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _write(self, sql: str, *params: Any) -> None:
+        with self._lock:
+            self._db.execute(sql, params)
+
+    def _read(self, sql: str, *params: Any) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    # ------------------------------------------------------------------ hosts
+    def host(self, name: str, devices: list[str], spare: bool, state: str) -> None:
+        self._write("INSERT INTO hosts VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET devices=excluded.devices, "
+                    "spare=excluded.spare, state=excluded.state, seen=excluded.seen",
+                    name, json.dumps(devices), int(spare), state, time.time())
+
+    def host_state(self, name: str, state: str) -> None:
+        self._write("UPDATE hosts SET state=?, seen=? WHERE name=?", state, time.time(), name)
+
+    def hosts(self) -> list[dict[str, Any]]:
+        return [{"name": n, "devices": json.loads(d), "spare": bool(s), "state": st, "seen": seen}
+                for n, d, s, st, seen in self._read("SELECT name, devices, spare, state, seen FROM hosts ORDER BY name")]
+
+    # ------------------------------------------------------------------ jobs
+    def next_job_id(self) -> str:
+        (n,), = self._read("SELECT COUNT(*) FROM jobs")
+        return f"j{n + 1}"
+
+    def submit(self, job: str, request: dict[str, Any]) -> None:
+        self._write("INSERT INTO jobs (id, request, state, submitted) VALUES (?, ?, ?, ?)",
+                    job, json.dumps(request), QUEUED, time.time())
+
+    def started(self, job: str, placement: dict[str, Any], store: dict[str, Any]) -> None:
+        self._write("UPDATE jobs SET state=?, started=?, placement=?, store=? WHERE id=?",
+                    RUNNING, time.time(), json.dumps(placement), json.dumps(store), job)
+
+    def ended(self, job: str, state: str, code: int | None, message: str, report: dict[str, Any] | None) -> None:
+        self._write("UPDATE jobs SET state=?, ended=?, code=?, message=?, report=? WHERE id=?",
+                    state, time.time(), code, message, None if report is None else json.dumps(report), job)
+        self._write("DELETE FROM job_state WHERE job=?", job)
+
+    def jobs(self, states: tuple[str, ...] | None = None) -> list[JobRow]:
+        rows = self._read("SELECT id, request, state, submitted, started, ended, message, placement, store, code "
+                          "FROM jobs ORDER BY submitted")
+        out = [JobRow(i, json.loads(r), st, sub, sta, end, msg, json.loads(p) if p else None,
+                      json.loads(s) if s else None, code)
+               for i, r, st, sub, sta, end, msg, p, s, code in rows]
+        return [j for j in out if states is None or j.state in states]
+
+    def job(self, job: str) -> JobRow | None:
+        return next((j for j in self.jobs() if j.id == job), None)
+
+    def report(self, job: str) -> dict[str, Any] | None:
+        rows = self._read("SELECT report FROM jobs WHERE id=?", job)
+        return json.loads(rows[0][0]) if rows and rows[0][0] else None
+
+    # ------------------------------------------------------------------ a running job's coordinator state
+    def save_state(self, job: str, state: dict[str, Any]) -> None:
+        self._write("INSERT INTO job_state VALUES (?, ?, ?) ON CONFLICT(job) DO UPDATE SET state=excluded.state, "
+                    "saved=excluded.saved", job, json.dumps(state, allow_nan=False), time.time())
+
+    def load_state(self, job: str) -> dict[str, Any] | None:
+        rows = self._read("SELECT state FROM job_state WHERE job=?", job)
+        return json.loads(rows[0][0]) if rows else None
+
+    # ------------------------------------------------------------------ the service's log
+    def event(self, what: str, job: str | None = None) -> None:
+        self._write("INSERT INTO events (t, job, what) VALUES (?, ?, ?)", time.time(), job, what)
+
+    def events(self, job: str | None = None) -> list[tuple[float, str | None, str]]:
+        if job is None:
+            return self._read("SELECT t, job, what FROM events ORDER BY id")
+        return self._read("SELECT t, job, what FROM events WHERE job=? ORDER BY id", job)

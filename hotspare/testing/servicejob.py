@@ -1,0 +1,113 @@
+"""The coordinator service across network namespaces (``hotspare.testing.netns``), for tests:
+``hotspare coordinator`` in the hub, ``hotspare agent`` on hosts, jobs submitted with
+``hotspare submit``; every process's output followed line by line (``hostjob.Output``) so a
+test waits for what a log says, not for a time."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hotspare.testing.hostjob import Output
+from hotspare.testing.local import REPO
+from hotspare.testing.netns import Hosts
+
+PORT = 29500
+
+
+class ServiceCluster:
+    def __init__(self, net: Hosts, secret_file: str, state_dir: str, lease: float = 2.0, margin: float = 1.0,
+                 env: dict[str, str] | None = None, echo: bool = False):
+        self.net, self.secret_file, self.state_dir = net, secret_file, state_dir
+        self.lease, self.margin, self.echo = lease, margin, echo
+        self.env = {"PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)), "OMP_NUM_THREADS": "1", **(env or {})}
+        self.address = f"{net.hub_addr}:{PORT}"
+        self.services: list[Output] = []
+        self.agents: dict[str, Output] = {}
+        self.start_service()
+
+    @property
+    def log(self) -> Output:
+        """The output of the service running now (the last one started)."""
+        return self.services[-1]
+
+    def _popen(self, ns: str, cmd: list[str], tag: str) -> Output:
+        proc = subprocess.Popen(self.net.argv(ns, cmd, self.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        return Output(proc, tag if self.echo else None)
+
+    def start_service(self) -> Output:
+        cmd = [sys.executable, "-m", "hotspare", "coordinator", "--listen", self.address, "--state", self.state_dir,
+               "--secret-file", self.secret_file, "--node-lease", str(self.lease), "--lease-margin", str(self.margin)]
+        out = self._popen(self.net.hub, cmd, f"service{len(self.services)}")
+        self.services.append(out)
+        out.wait_for(r"coordinator service on", 60)
+        return out
+
+    def kill_service(self) -> None:
+        """``kill -9`` the service: no goodbye to anyone."""
+        proc = self.log.proc
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def start_agent(self, host: str, devices: int = 2, spare: bool = False) -> Output:
+        cmd = [sys.executable, "-m", "hotspare", "agent", "--coordinator", self.address, "--secret-file",
+               self.secret_file, "--devices", f"cpu:{devices}", "--name", host, *(["--spare"] if spare else [])]
+        out = self._popen(self.net[host].ns, cmd, host)
+        self.agents[host] = out
+        self.log.wait_for(rf"NODE    {host}: registered", 60)
+        return out
+
+    def client(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """`hotspare ARGS...` against the service, run from the hub."""
+        cmd = [sys.executable, "-m", "hotspare", *args[:1], "--coordinator", self.address, "--secret-file",
+               self.secret_file, *args[1:]]
+        return subprocess.run(self.net.argv(self.net.hub, cmd, self.env), capture_output=True, text=True,
+                              timeout=timeout)
+
+    def submit(self, nodes: int, per_node: int, spares: int, script: str, script_args: list[str],
+               run_args: list[str] = ()) -> str:
+        done = self.client("submit", "--nodes", str(nodes), "--nproc-per-node", str(per_node), "--spares",
+                           str(spares), *run_args, "--", script, *script_args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.split()[2]              # "hotspare submit: j1 queued"
+
+    def status(self, job: str | None = None) -> dict:
+        done = self.client("status", *([job] if job else []), "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)
+
+    def wait_job(self, job: str, timeout: float = 240) -> tuple[dict, dict | None]:
+        """Wait until ``job`` ended; its status row and its report."""
+        deadline = time.time() + timeout
+        report = Path(self.state_dir).parent / f"{job}-report.json"
+        while time.time() < deadline:
+            row = self.status(job)["jobs"][0]
+            if row["state"] in ("finished", "stopped", "cancelled"):
+                done = self.client("status", job, "--report", str(report))
+                assert done.returncode == 0, done.stderr
+                return row, json.loads(report.read_text()) if report.exists() else None
+            time.sleep(1.0)
+        raise AssertionError(f"job {job} did not end within {timeout:.0f} s:\n{self.log.text()}")
+
+    def worker_pids(self, host: str, rank: int | None = None, role: str = "active") -> list[int]:
+        """The workers on ``host`` (of ``rank``, if given), from their environment."""
+        found = []
+        for pid in self.net.pids(self.net[host].ns):
+            try:
+                env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)
+            except OSError:
+                continue
+            if env.get("HOTSPARE_ROLE") == role and (rank is None or env.get("RANK") == str(rank)):
+                found.append(pid)
+        return found
+
+    def close(self) -> None:
+        for out in [*self.services, *self.agents.values()]:
+            if out.proc.poll() is None:
+                out.proc.kill()
+                out.proc.wait()
