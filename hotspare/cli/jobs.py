@@ -25,7 +25,9 @@ the coordinator and secret default to $HOTSPARE_COORDINATOR and $HOTSPARE_SECRET
 exit status: 0 done (submit --wait: the job finished); 1 the job stopped, or the service refused
 or is unreachable; 2 bad command line."""
 
-ENV_COORDINATOR, ENV_SECRET = "HOTSPARE_COORDINATOR", "HOTSPARE_SECRET_FILE"
+from hotspare.cli.agent import COORDINATOR_ENV as ENV_COORDINATOR
+
+ENV_SECRET = "HOTSPARE_SECRET_FILE"
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -28,6 +28,12 @@ OTHER_VARIABLES = [
      "the device registry's file (default ~/.hotspare/health.json); --health-db overrides it"),
     ("HOTSPARE_SLURM", "you", "`health/slurm.py`", "auto | on | off: whether a cordoned device drains its "
      "Slurm node (default auto: when scontrol is on PATH and the host is part of a Slurm cluster)"),
+    ("HOTSPARE_COORDINATOR", "you (a batch script: examples/slurm/hotspare.sbatch)", "`cli/agent.py`, `cli/jobs.py`",
+     "the default of `--coordinator` for `hotspare agent`, `submit`, `status` and `cancel`: the launcher's or "
+     "the coordinator service's ADDR:PORT"),
+    ("HOTSPARE_SECRET_FILE", "you", "`cli/jobs.py`",
+     "the default of `--secret-file` for `hotspare submit`, `status` and `cancel`: the coordinator service's "
+     "secret"),
     ("HOTSPARE_RUN_DIR", "you", "`coordinator/control.py` (`hotspare run`, `hotspare inject`)",
      "where a running job leaves its run file (default ~/.hotspare/runs)"),
     ("HOTSPARE_DEBUG", "you", "`coordinator/coordinator.py`", "any value: the coordinator logs every event "

@@ -1,90 +1,23 @@
 """Cordoning a device drains its node in a real Slurm, and returning it resumes the node.
 
 Runs against a real single-machine Slurm (slurmctld + slurmd + munge on this host, node name
-``hostname -s``). ``.ci/slurm-up`` installs and starts one; this module's session fixture starts it
-itself when the binaries are installed but the daemons are not running, and stops what it started.
+``hostname -s``). ``.ci/slurm-up`` installs and starts one; the session fixture ``hotspare_slurm_node``
+(tests/conftest.py, hotspare/testing/slurm.py) starts it itself when the binaries are installed but
+the daemons are not running, and stops what it started.
 Without Slurm installed the tests fail (they do not skip): run ``.ci/slurm-up`` as root.
 What Slurm reports is read with ``sinfo`` directly, independently of hotspare's own Slurm code.
 """
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from hotspare.health.reconcile import SlurmReconciler
 from hotspare.health.registry import Registry
 from hotspare.health.slurm import SlurmError, SlurmNodes
-
-REPO = Path(__file__).resolve().parents[2]
-TEST_CLUSTER = "hotspare-ci"       # the ClusterName .ci/slurm-up writes
-
-
-def _sh(*argv, timeout=30):
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-
-
-def _controller_up():
-    return "is UP" in _sh("scontrol", "ping").stdout
-
-
-def sinfo_state(node):
-    return _sh("sinfo", "--noheader", "--nodes", node, "--format", "%T").stdout.strip()
-
-
-def sinfo_reason(node):
-    """The node's reason as ``sinfo -R`` lists it (empty when the node has none)."""
-    return _sh("sinfo", "--list-reasons", "--noheader", "--nodes", node, "--format", "%E").stdout.strip()
-
-
-def wait_state(node, wanted, timeout=30.0):
-    end = time.monotonic() + timeout
-    while True:
-        state = sinfo_state(node)
-        if state in wanted:
-            return state
-        if time.monotonic() > end:
-            pytest.fail(f"node {node} is {state!r}, still not {' or '.join(wanted)} after {timeout:g} s")
-        time.sleep(0.2)
-
-
-@pytest.fixture(scope="session")
-def hotspare_slurm_node():
-    """The test cluster's one node name; starts the cluster if needed and stops what it started."""
-    binaries = ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "munged")
-    missing = [b for b in binaries if not shutil.which(b)]
-    if missing and os.geteuid() == 0:      # a fresh machine: install them (apt-get), as CI does
-        _sh(str(REPO / ".ci" / "slurm-up"), "--install-only", timeout=900)
-        missing = [b for b in binaries if not shutil.which(b)]
-    if missing:
-        pytest.fail(f"Slurm is not installed here (missing {', '.join(missing)}): run `.ci/slurm-up` as "
-                    f"root; it installs slurm-wlm and munge with apt-get and starts a one-node test "
-                    f"cluster (.ci/run does this before pytest)", pytrace=False)
-    started = False
-    if not _controller_up():
-        if os.geteuid() != 0:
-            pytest.fail("Slurm is installed but its daemons are not running, and starting them needs "
-                        "root: run `sudo .ci/slurm-up`", pytrace=False)
-        up = _sh(str(REPO / ".ci" / "slurm-up"), timeout=300)
-        if up.returncode != 0:
-            pytest.fail(f".ci/slurm-up failed:\n{up.stdout}{up.stderr}", pytrace=False)
-        started = True
-    try:
-        config = _sh("scontrol", "show", "config").stdout
-        cluster = next((l.split("=", 1)[1].strip() for l in config.splitlines()
-                        if l.split("=")[0].strip() == "ClusterName"), "?")
-        if cluster != TEST_CLUSTER:
-            pytest.skip(f"the Slurm running here is cluster {cluster!r}, not the throwaway "
-                        f"{TEST_CLUSTER!r} of .ci/slurm-up: not draining a real cluster's nodes")
-        node = socket.gethostname().split(".")[0]
-        yield node
-    finally:
-        if started:
-            _sh(str(REPO / ".ci" / "slurm-down"), timeout=120)
+from hotspare.testing.slurm import sh, sinfo_reason, sinfo_state, wait_state
 
 
 @pytest.fixture
@@ -93,9 +26,9 @@ def node(hotspare_slurm_node):
     n = hotspare_slurm_node
 
     def clean():
-        _sh("scancel", "--user", str(os.getuid()))
+        sh("scancel", "--user", str(os.getuid()))
         if "drain" in sinfo_state(n):
-            _sh("scontrol", "update", f"NodeName={n}", "State=RESUME")
+            sh("scontrol", "update", f"NodeName={n}", "State=RESUME")
         wait_state(n, ("idle",))
 
     clean()
@@ -135,7 +68,7 @@ def test_cordon_drains_the_node_in_slurm_and_uncordon_resumes_it(node, tmp_path)
 
 
 def test_a_running_job_keeps_running_while_the_node_drains(node, tmp_path):
-    job = _sh("sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 300").stdout.strip()
+    job = sh("sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 300").stdout.strip()
     assert job, "sbatch gave no job id"
     wait_state(node, ("allocated", "mixed"))
     reg = Registry(tmp_path / "health.json")
@@ -145,8 +78,8 @@ def test_a_running_job_keeps_running_while_the_node_drains(node, tmp_path):
     assert sinfo_state(node) in ("allocated", "mixed"), "the registry write alone touches no Slurm"
     slurm.reconcile()
     assert sinfo_state(node) == "draining"            # no new jobs; the running one stays
-    assert _sh("squeue", "--noheader", "--jobs", job, "--format", "%T").stdout.strip() == "RUNNING"
-    _sh("scancel", job)
+    assert sh("squeue", "--noheader", "--jobs", job, "--format", "%T").stdout.strip() == "RUNNING"
+    sh("scancel", job)
     assert wait_state(node, ("drained",)) == "drained"
     assert slurm.slurm.state(node).by_hotspare
     reg.uncordon(f"{node}/cpu0")
@@ -155,7 +88,7 @@ def test_a_running_job_keeps_running_while_the_node_drains(node, tmp_path):
 
 
 def test_a_node_drained_by_someone_else_is_left_alone(node, tmp_path):
-    assert _sh("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=admin: bios update").returncode == 0
+    assert sh("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=admin: bios update").returncode == 0
     reg = Registry(tmp_path / "health.json")
     slurm = SlurmReconciler(reg, SlurmNodes())
     reg.ensure(f"{node}/cpu0")
