@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+from hotspare.cli.agent import COORDINATOR_ENV as ENV_COORDINATOR
+
 SUBMIT = """\
 Queue a training job with the coordinator service (`hotspare coordinator`). It is placed on
 --nodes free hosts with --nproc-per-node ranks each, plus --spares warm spares on spare hosts
@@ -24,8 +26,6 @@ COMMON_EPILOG = """\
 the coordinator and secret default to $HOTSPARE_COORDINATOR and $HOTSPARE_SECRET_FILE.
 exit status: 0 done (submit --wait: the job finished); 1 the job stopped, or the service refused
 or is unreachable; 2 bad command line."""
-
-from hotspare.cli.agent import COORDINATOR_ENV as ENV_COORDINATOR
 
 ENV_SECRET = "HOTSPARE_SECRET_FILE"
 
@@ -87,6 +87,8 @@ def request(cli: argparse.Namespace, command: str, **fields) -> dict:
         raise LookupError(f"the service did not answer: {e}") from None
     finally:
         ch.close()
+    if reply is not None and reply["type"] == "refused":
+        raise LookupError(f"refused: {reply['message']}")
     if reply is None or reply["type"] != "control_reply":
         raise LookupError("the service closed the connection without answering")
     if not reply["ok"]:

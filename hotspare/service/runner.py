@@ -40,9 +40,11 @@ def run_config(request: dict[str, Any], listen_host: str, secret_file: str) -> R
             "--local-nodes", "0", "--remote-nodes", str(int(request["nodes"])), "--listen", f"{listen_host}:0",
             "--secret-file", secret_file, "--telemetry", "off", "--", request["script"], *request["args"]]
     try:
-        ns = parser.parse_args(argv)
-    except (argparse.ArgumentError, SystemExit) as e:
+        ns, unknown = parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
         raise ConfigError(f"the job's flags: {e}") from None
+    if unknown:
+        raise ConfigError(f"the job's flags: unrecognized {' '.join(unknown)[:200]}")
     return from_namespace(RunConfig, ns)
 
 

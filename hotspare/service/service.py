@@ -332,7 +332,8 @@ class Service:
             raise ConfigError("--nodes and --nproc-per-node must be 1..4096")
         if len(self.db.jobs((states.QUEUED,))) >= MAX_QUEUED:
             raise ConfigError(f"{MAX_QUEUED} jobs are queued already")
-        run_config(request, self.host, self.secret_file)       # refuse bad flags now, not when placed
+        from hotspare.cli.preflight import preflight
+        preflight(run_config(request, self.host, self.secret_file))   # refuse a bad job now, not when placed
         job = self.db.next_job_id()
         self.db.submit(job, request)
         self.db.event(f"submitted by {origin}", job)

@@ -1,0 +1,22 @@
+"""The service's SQLite state: what a restarted service reads back."""
+from hotspare.service import db as states
+from hotspare.service.db import StateDB
+
+
+def test_jobs_hosts_and_a_jobs_state_survive_reopening(tmp_path):
+    db = StateDB(tmp_path)
+    db.host("a", ["a/cpu0"], False, "idle")
+    job = db.next_job_id()
+    db.submit(job, {"script": "/x.py", "nodes": 1, "nproc_per_node": 1, "spares": 0})
+    db.started(job, {"hosts": ["a"], "spare_hosts": []}, {"host": "10.0.0.1", "port": 1234, "pid": 99})
+    db.save_state(job, {"format": 1, "view": {"generation": 2}})
+    db.event("placed", job)
+    db.close()
+    again = StateDB(tmp_path)
+    (row,) = again.jobs((states.RUNNING,))
+    assert row.id == job == "j1" and row.placement == {"hosts": ["a"], "spare_hosts": []}
+    assert row.store["port"] == 1234 and again.load_state(job) == {"format": 1, "view": {"generation": 2}}
+    assert again.hosts()[0]["name"] == "a" and again.next_job_id() == "j2"
+    again.ended(job, states.FINISHED, 0, "", {"steps_completed": 3})
+    assert again.load_state(job) is None and again.report(job) == {"steps_completed": 3}
+    assert [what for _, _, what in again.events(job)] == ["placed"]
