@@ -97,6 +97,7 @@ class Coordinator:
             ev.Readings: self._readings, ev.OperatorCommand: self._command, ev.Preempt: self._preempt,
         }
         self._listeners: dict[type, list[Callable[[Any], None]]] = {}
+        self.journal: Callable[[], None] | None = None   # persists the job's state (hotspare.service)
         self.messages = WorkerMessages(nodes, view, ledger, self.progress, self.executor, log, log_every,
                                        checkpoint_dir, health, health_readings=self._health_readings,
                                        stop=self._stop_now)
@@ -388,13 +389,41 @@ class Coordinator:
         return decision
 
     def _signal_actions(self, actions, reason: str, t: float) -> None:
+        # With a journal (the coordinator service's database), the state after the actions is
+        # written before any command they make leaves: a restarted coordinator never misses a
+        # decision an agent acted on (``resume`` sends its orders again, workers drop repeats).
+        journaled = self.journal is not None and bool(actions)
+        if journaled:
+            self.nodes.hold()
         for action in actions:
             self.executor.execute(action, reason, t)
             policy.apply(self.view, action)
+        if journaled:
+            self.journal()
+            self.nodes.flush()
         if self.view.phase is JobPhase.RECOVERING and self.progress.recovering_since is None:
             self.progress.recovering_since = t
         elif self.view.phase is not JobPhase.RECOVERING:
             self.progress.recovering_since = None
+
+    def resume(self) -> None:
+        """After a restart, once the nodes re-registered and replayed what they saw: repeat
+        the orders of the current generation (a worker drops an order it already took), or,
+        for a job that was ending, its release or stop."""
+        if self.view.phase.over:
+            for w in self.nodes.alive():
+                if self.view.phase is JobPhase.FINISHED:
+                    self.nodes.send(w, make("release", reason="training complete"))
+                else:
+                    self.nodes.kill(w)
+            return
+        for worker in [*self.view.members.values(), *([self.view.migrating.spare] if self.view.migrating else [])]:
+            order = self.nodes.orders.get(worker)
+            if order is not None and order["gen"] == self.view.generation:
+                self.nodes.send(worker, order)
+        for worker, order in self.nodes.orders.items():     # a migrating rank's hand-off
+            if order["type"] == "handoff" and order["gen"] == self.view.generation:
+                self.nodes.send(worker, order)
 
     def stop(self, message: str) -> None:
         """End the job now (its workers are ended), for ``message`` (an operator's cancel)."""

@@ -190,6 +190,8 @@ class Nodes:
         self.nodes: dict[str, Node] = {}
         self.workers: dict[str, Worker] = {}
         self.next_id = 0                                 # the next worker is w<next_id>
+        self.orders: dict[str, Message] = {}             # worker -> the last generation/handoff order it got
+        self._held: list[tuple[Node, Message]] | None = None   # commands held back (``hold``)
         self.ending = False                              # shutdown asked: links closing now are no loss
 
     # ------------------------------------------------------------------ links
@@ -245,7 +247,20 @@ class Nodes:
         node = self.nodes.get(name)
         return node is not None and self._tell(node, msg)
 
+    def hold(self) -> None:
+        """Hold every command back until ``flush``: a coordinator that persists its state writes
+        it first, so that no agent acts on a decision the state does not hold yet."""
+        self._held = []
+
+    def flush(self) -> None:
+        held, self._held = self._held or [], None
+        for node, msg in held:
+            self._tell(node, msg)
+
     def _tell(self, node: Node, msg: Message) -> bool:
+        if self._held is not None:
+            self._held.append((node, msg))
+            return not node.lost
         if node.lost or node.channel is None:
             return False
         try:
@@ -298,6 +313,8 @@ class Nodes:
 
     def send(self, worker: str, msg: Message) -> bool:
         info = self.workers.get(worker)
+        if msg["type"] in ("generation", "handoff"):
+            self.orders[worker] = msg
         return info is not None and self._tell(self.nodes[info.node], make("deliver", worker=worker, msg=msg))
 
     def kill(self, worker: str, sig: signal.Signals = signal.SIGKILL, group: bool = True) -> float:

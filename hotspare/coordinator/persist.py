@@ -22,6 +22,7 @@ from hotspare.errors import ProtocolError
 from hotspare.policy import actions, signals
 from hotspare.policy.phase import JobPhase
 from hotspare.policy.view import ClusterView
+from hotspare.protocol.messages import validate
 
 FORMAT = 1
 _TYPES: dict[str, type] = {cls.__name__: cls for cls in (
@@ -106,6 +107,8 @@ def capture(coord) -> dict[str, Any]:
                            "device_faults": n.device_faults, "workers": sorted(n.workers)}
                   for n in nodes.nodes.values()},
         "next_worker": nodes.next_id,
+        "orders": nodes.orders,
+        "joined": sorted(coord.progress.joined),
         "unplaced": coord.executor.unplaced,
         "failed_checkpoints": sorted(coord.vetter.failed),
     }
@@ -134,6 +137,8 @@ def restore(coord, state: dict[str, Any]) -> list[str]:
         if not node.lost:
             waiting.append(name)
     nodes.next_id = int(state["next_worker"])
+    nodes.orders = {w: validate(dict(m)) for w, m in state["orders"].items()}
+    coord.progress.joined = set(state["joined"])
     coord.executor.unplaced = int(state["unplaced"])
     coord.vetter.failed = set(state["failed_checkpoints"])
     return waiting

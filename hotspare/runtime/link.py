@@ -37,6 +37,7 @@ class AgentLink:
         self.address, self.worker, self.role = address, worker, role
         self._where = where
         self.aborted_upto = 0        # newest generation the coordinator aborted
+        self.taken_gen = 0           # newest generation (or hand-off) order taken
         self.pause_gen = -1          # a live migration asked this generation to pause
         self._on_abort: Callable[[int], None] = lambda gen: None
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
@@ -85,6 +86,9 @@ class AgentLink:
             if msg["type"] == "checkpoint_now":
                 on_checkpoint(msg["directory"])
                 continue
+            if msg["gen"] <= self.taken_gen:      # a repeat (a restarted coordinator's), or stale
+                continue
+            self.taken_gen = msg["gen"]
             return msg
 
     # ------------------------------------------------------------------ reader thread

@@ -61,6 +61,7 @@ class JobRunner:
         from hotspare.service.build import control_plane
         self.ledger, self.coord = control_plane(cfg, self.pre, self.events, None, self.log, job=job)
         self.coord.command("cancel", self._cancel)
+        self.coord.journal = lambda: self._save(force=True)
         self.nodes: list[str] = []          # where it was placed, in placement order
         self._saved_key: Any = None
         self._saved_at = 0.0
@@ -167,3 +168,4 @@ class JobRunner:
         for event in deferred:
             coord.handle(event)
         self._save(force=True)
+        coord.resume()

@@ -102,3 +102,33 @@ def test_two_jobs_side_by_side_and_a_spare_host_that_joins_late(cluster, referen
     assert set(report1["nodes"]) == {"hosta"} and set(report2["nodes"]) == {"hostb", "hostc"}
     (failure,) = report2["failures"]
     assert failure["replacement"] in {w["worker"] for w in report2["nodes"]["hostc"]["workers"]}
+
+
+def test_a_partitioned_host_fences_itself_while_the_service_fails_it_over(cluster, net, reference4):
+    """Under the service, a link that closes is a service gone (the agent keeps training), but a
+    host cut off gets no answer at all: its lease runs out and it fences, before the service
+    declares it lost; after the heal nothing of it comes back."""
+    for host in ("hosta", "hostb"):
+        cluster.start_agent(host)
+    cluster.start_agent("hostc", spare=True)
+    job = cluster.submit(2, 2, 2, str(EXAMPLE), ARGS, run_args=["--log-every", "10", "--hang-floor", "30"])
+    cluster.log.wait_for(rf"\[{job}\] step\s+100/", 120)
+    healed = False
+    try:
+        net.cut("hostb")
+        t_fence, _ = cluster.agents["hostb"].wait_for(r"FENCE   lease ran out", 15)
+        assert cluster.agents["hostb"].proc.wait(timeout=15) == 3
+        t_lost, _ = cluster.log.wait_for(r"NODE    hostb: no lease renewal for [\d.]+ s .*declared lost", 15)
+        assert t_fence < t_lost
+        assert net.pids(net["hostb"].ns) == []        # nothing of the old generation runs there
+        net.heal("hostb")
+        healed = True
+        assert net.reachable("hostb")
+        row, report = cluster.wait_job(job)
+    finally:
+        if not healed:
+            net.heal("hostb")
+    assert_equal(row, report, reference4, 2, cluster.log.text())
+    assert report["nodes"]["hostb"]["lost"]
+    assert {f["rank"] for f in report["failures"]} == {2, 3}
+    assert all(f["kind"] == "node lost" for f in report["failures"])
