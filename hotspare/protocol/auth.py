@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol.channel import Channel
-from hotspare.protocol.messages import VERSION, Message, VersionError, make
+from hotspare.protocol.messages import Message, VersionError, make
 
 ENV_WORKER_TOKEN = "HOTSPARE_WORKER_TOKEN"
 SECRET_BYTES = 32
@@ -144,7 +144,7 @@ def accept(ch: Channel, role: str | tuple[str, ...], key_for: Callable[[str], st
     try:
         hello = ch.recv()
     except VersionError as e:
-        raise AuthError(f"protocol version {e.theirs!r:.40} is not this listener's {VERSION}: run the same "
+        raise AuthError(f"protocol version {e.theirs!r:.40} is not this listener's {e.ours}: run the same "
                         "hotspare version on every host") from None
     if hello is None:
         raise AuthError("closed before saying who it is")

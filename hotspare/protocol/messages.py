@@ -132,10 +132,11 @@ Message = dict[str, Any]
 
 
 class VersionError(ProtocolError):
-    """A message of another protocol version (``theirs``: the version it says, as sent)."""
+    """A message of another protocol version (``theirs``: the version it says, as sent; ``ours``:
+    this process's)."""
 
     def __init__(self, theirs: Any):
-        self.theirs = theirs
+        self.theirs, self.ours = theirs, VERSION
         super().__init__(f"protocol version {theirs!r:.40} is not supported (this is v{VERSION}); "
                          "run the same hotspare version on every host, worker and agent")
 

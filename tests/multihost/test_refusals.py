@@ -101,6 +101,7 @@ def test_strangers_are_refused_and_logged_and_the_job_is_unharmed(net, secret_fi
     assert "hostv2" not in report["nodes"]
 
     assert from_a["port"] is None and from_a["error"].startswith("ConnectionRefusedError"), from_a
+    assert "w2" in {w["worker"] for w in report["nodes"]["hostb"]["workers"]}     # posing as a real worker
     assert on_b["got"][0]["type"] == "challenge" and on_b["got"][1:] == [], on_b
     assert (f"agent-accept: refused a connection from 127.0.0.1:{on_b['port']}: worker 'w2' failed authentication"
             in job.agent_logs["hostb"].text())
