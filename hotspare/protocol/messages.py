@@ -4,6 +4,8 @@ Only small metadata travels here (tensors go peer to peer over torch.distributed
 received is ever unpickled: a message is plain JSON checked against the schema below. A message
 of another protocol version, an unknown type, or a missing/mistyped field is refused with a
 ``ProtocolError`` that names the problem; the sender's connection is dropped, the job goes on.
+Only while connecting does a client take a listener's challenge and refusal of any version
+(``EVERY_VERSION``), so that a version mismatch is refused with both versions named.
 Numbers must be finite (JSON's NaN/Infinity and overflowing literals are refused) and the
 fields named in ``RANGES`` within their range; nested fields (``metrics``, ``timings``,
 ``health``, lists) are checked by type too (``NESTED``). Who may send which message is checked
