@@ -91,7 +91,7 @@ class ServiceLink:
                           spare=self.spare, job=job, alive=self.alive() if job else [])
         try:
             ch.sock.settimeout(auth.CHALLENGE_WAIT_S)
-            reply = ch.recv()
+            reply = ch.recv(any_version=True)     # a refusal of a service of another version, too
             ch.sock.settimeout(None)
         except BaseException:
             ch.close()

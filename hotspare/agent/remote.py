@@ -123,7 +123,7 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
                           devices=devices, device_faults=False, nonce=nonce, spare=spare, job="", alive=[])
     except OSError as e:
         raise ConfigError(f"cannot reach the coordinator at {coordinator}: {e}") from None
-    welcome = ch.recv()
+    welcome = ch.recv(any_version=True)     # a refusal of a coordinator of another version, too
     if welcome is not None and welcome["type"] == "registered":
         if not hmac.compare_digest(welcome_proof(secret, node, nonce), welcome["proof"]):
             ch.close()

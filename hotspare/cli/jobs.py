@@ -82,7 +82,7 @@ def request(cli: argparse.Namespace, command: str, **fields) -> dict:
         raise LookupError(f"cannot reach the coordinator service at {cli.coordinator}: {e}") from None
     try:
         ch.sock.settimeout(15.0)
-        reply = ch.recv()
+        reply = ch.recv(any_version=True)     # a refusal of a service of another version, too
     except (OSError, ProtocolError) as e:
         raise LookupError(f"the service did not answer: {e}") from None
     finally:

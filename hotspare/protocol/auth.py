@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol.channel import Channel
-from hotspare.protocol.messages import Message, make
+from hotspare.protocol.messages import Message, VersionError, make
 
 ENV_WORKER_TOKEN = "HOTSPARE_WORKER_TOKEN"
 SECRET_BYTES = 32
@@ -141,7 +141,11 @@ def accept(ch: Channel, role: str | tuple[str, ...], key_for: Callable[[str], st
     roles = (role,) if isinstance(role, str) else role
     nonce = secrets.token_hex(16)
     ch.send(make("challenge", nonce=nonce))
-    hello = ch.recv()
+    try:
+        hello = ch.recv()
+    except VersionError as e:
+        raise AuthError(f"protocol version {e.theirs!r:.40} is not this listener's {e.ours}: run the same "
+                        "hotspare version on every host") from None
     if hello is None:
         raise AuthError("closed before saying who it is")
     role = next((r for r in roles if HELLOS[r][0] == hello["type"]), None)
@@ -171,7 +175,7 @@ def connect(address: str, role: str, key: str, /, timeout: float = CHALLENGE_WAI
     ch = Channel.connect(host, int(port), timeout=timeout)
     try:
         ch.sock.settimeout(timeout)
-        challenge = ch.recv()
+        challenge = ch.recv(any_version=True)      # a listener of another version refuses our hello
         if challenge is None or challenge["type"] != "challenge":
             why = challenge["message"] if challenge and challenge["type"] == "refused" else challenge
             raise AuthError(f"{address} did not challenge this connection: {why}")

@@ -49,9 +49,10 @@ class Channel:
                 data, self._held = b"".join(self._held), []
                 self.sock.sendall(data)
 
-    def recv(self) -> Message | None:
+    def recv(self, any_version: bool = False) -> Message | None:
         """The next message, or None when the connection is closed. A line longer than
-        ``max_line`` closes it (what follows could not be framed)."""
+        ``max_line`` closes it (what follows could not be framed). ``any_version``: a challenge
+        or refusal of another protocol version is taken too (``messages.EVERY_VERSION``)."""
         if self.closed:
             return None
         line = self._reader.readline(self.max_line + 1)
@@ -60,7 +61,7 @@ class Channel:
         if not line.endswith(b"\n"):
             self.close()
             raise ProtocolError(f"control message longer than {self.max_line} bytes, or truncated")
-        return decode(line, self.max_line)
+        return decode(line, self.max_line, any_version)
 
     def close(self) -> None:
         self.closed = True

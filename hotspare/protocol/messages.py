@@ -4,6 +4,8 @@ Only small metadata travels here (tensors go peer to peer over torch.distributed
 received is ever unpickled: a message is plain JSON checked against the schema below. A message
 of another protocol version, an unknown type, or a missing/mistyped field is refused with a
 ``ProtocolError`` that names the problem; the sender's connection is dropped, the job goes on.
+Only while connecting does a client take a listener's challenge and refusal of any version
+(``EVERY_VERSION``), so that a version mismatch is refused with both versions named.
 Numbers must be finite (JSON's NaN/Infinity and overflowing literals are refused) and the
 fields named in ``RANGES`` within their range; nested fields (``metrics``, ``timings``,
 ``health``, lists) are checked by type too (``NESTED``). Who may send which message is checked
@@ -18,6 +20,11 @@ from typing import Any, Callable
 from hotspare.errors import ProtocolError
 
 VERSION = 1
+# The form of these messages is the same in every protocol version: a client reads a listener's
+# challenge and refusal whatever version the listener speaks, so that a listener of another
+# version can read the client's hello and refuse it with a reason the client can show
+# (hotspare.protocol.auth). Every other message must be of this VERSION.
+EVERY_VERSION = frozenset({"challenge", "refused"})
 MAX_LINE = 4 * 1024 * 1024   # tracebacks can be long; anything bigger is not a control message
 
 _INT = (int,)
@@ -126,6 +133,16 @@ MAX_NAME = 256                    # a metric's, timing's or device's name
 Message = dict[str, Any]
 
 
+class VersionError(ProtocolError):
+    """A message of another protocol version (``theirs``: the version it says, as sent; ``ours``:
+    this process's)."""
+
+    def __init__(self, theirs: Any):
+        self.theirs, self.ours = theirs, VERSION
+        super().__init__(f"protocol version {theirs!r:.40} is not supported (this is v{VERSION}); "
+                         "run the same hotspare version on every host, worker and agent")
+
+
 def make(type_: str, **fields: Any) -> Message:
     msg = {"v": VERSION, "type": type_, **fields}
     validate(msg)
@@ -212,13 +229,14 @@ def _check_values(kind: str, msg: Message) -> None:
             check(kind, msg[name])
 
 
-def validate(msg: Any) -> Message:
+def validate(msg: Any, any_version: bool = False) -> Message:
+    """``msg`` if it is a message of this protocol version (``any_version``: or one of
+    ``EVERY_VERSION`` of any version) that matches the schema; else ProtocolError."""
     if not isinstance(msg, dict):
         raise ProtocolError(f"a control message must be a JSON object, got {type(msg).__name__}")
-    if msg.get("v") != VERSION:
-        raise ProtocolError(f"protocol version {msg.get('v')!r} is not supported (this is v{VERSION}); "
-                            "run the same hotspare version on every worker and agent")
     kind = msg.get("type")
+    if msg.get("v") != VERSION and not (any_version and kind in EVERY_VERSION):
+        raise VersionError(msg.get("v"))
     fields = SCHEMA.get(kind)  # type: ignore[arg-type]
     if fields is None:
         raise ProtocolError(f"unknown message type {kind!r}; known: {', '.join(sorted(SCHEMA))}")
@@ -233,14 +251,14 @@ def validate(msg: Any) -> Message:
     return msg
 
 
-def decode(line: bytes, max_line: int = MAX_LINE) -> Message:
+def decode(line: bytes, max_line: int = MAX_LINE, any_version: bool = False) -> Message:
     if len(line) > max_line:
         raise ProtocolError(f"control message of {len(line)} bytes exceeds the {max_line}-byte limit")
     try:
         msg = json.loads(line, parse_constant=_no_constant)
     except (ValueError, RecursionError) as e:    # bad JSON or UTF-8, NaN, Infinity, a 5000-digit int
         raise ProtocolError(f"control message is not valid JSON: {str(e)[:200]}") from None
-    return validate(msg)
+    return validate(msg, any_version)
 
 
 def _no_constant(name: str) -> None:

@@ -169,7 +169,7 @@ def test_endpoint_refuses_strangers_and_bad_lines(link):
     old.sendall(json.dumps({"v": 0, "type": "agent_hello"}).encode() + b"\n")
     lines = old.makefile("rb")
     assert b"challenge" in lines.readline()
-    assert b"protocol version 0 is not supported" in lines.readline()
+    assert b"protocol version 0 is not this listener's 1" in lines.readline()
     old.close()
 
     agent = connect("n0")

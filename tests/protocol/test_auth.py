@@ -1,4 +1,5 @@
 """The authentication module: keys, proofs, secret files, and the handshake over a real socket."""
+import json
 import os
 import socket
 import stat
@@ -88,6 +89,43 @@ def test_the_handshake_accepts_the_right_token_and_refuses_others():
     t.join(5)
     assert "hello" not in out and "worker 'w1' failed authentication" in out["error"]
     server.close()
+
+
+def test_a_hello_of_another_protocol_version_is_refused_naming_both():
+    address, t, out, server = _handshake(lambda w: auth.worker_token(SECRET, w))
+    ch = Channel.connect(*address.split(":"))
+    nonce = ch.recv()["nonce"]
+    hello = {"v": 2, "type": "hello", "worker": "w3", "pid": os.getpid(), "role": "spare",
+             "proof": auth.proof(auth.worker_token(SECRET, "w3"), auth.WORKER, "w3", nonce)}
+    ch.sock.sendall(json.dumps(hello).encode() + b"\n")
+    t.join(5)
+    ch.close()
+    server.close()
+    assert "hello" not in out and out["error"].startswith("protocol version 2 is not this listener's 1")
+
+
+def test_a_client_reads_the_challenge_and_refusal_of_a_listener_of_another_version():
+    server = socket.create_server(("127.0.0.1", 0))
+    got = {}
+
+    def serve():                 # a listener of protocol version 2
+        sock, _ = server.accept()
+        lines = sock.makefile("rb")
+        sock.sendall(json.dumps({"v": 2, "type": "challenge", "nonce": "n"}).encode() + b"\n")
+        got["hello"] = json.loads(lines.readline())
+        sock.sendall(json.dumps({"v": 2, "type": "refused", "command": "connect",
+                                 "message": "protocol version 1 is not this listener's 2"}).encode() + b"\n")
+        sock.close()
+    t = threading.Thread(target=serve)
+    t.start()
+    ch = auth.connect(f"127.0.0.1:{server.getsockname()[1]}", auth.WORKER, "k", worker="w3", pid=os.getpid(),
+                      role="spare")
+    reply = ch.recv(any_version=True)
+    t.join(5)
+    ch.close()
+    server.close()
+    assert got["hello"]["v"] == 1 and got["hello"]["type"] == "hello"
+    assert reply["message"] == "protocol version 1 is not this listener's 2"
 
 
 def test_a_worker_without_its_token_is_told_what_is_wrong(monkeypatch):

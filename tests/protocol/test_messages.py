@@ -26,6 +26,16 @@ def test_bad_messages_are_refused_with_a_reason(raw, match):
         decode(raw)
 
 
+def test_only_a_challenge_or_a_refusal_of_another_version_is_read_with_any_version():
+    other = {"v": 2, "type": "refused", "command": "connect", "message": "why"}
+    assert decode(json.dumps(other).encode(), any_version=True) == other
+    with pytest.raises(ProtocolError, match=r"protocol version 2 is not supported \(this is v1\)"):
+        decode(json.dumps(other).encode())
+    with pytest.raises(ProtocolError, match="protocol version 2 is not supported"):
+        decode(json.dumps({"v": 2, "type": "welcome", "lease": 1.0, "script": "s", "args": [], "env": {},
+                           "proof": "p"}).encode(), any_version=True)
+
+
 def test_inject_grammar():
     f = parse("kill:rank=2:step=60", world_size=4)
     assert (f.kind, f.rank, f.step) == ("kill", 2, 60) and str(f) == "kill:rank=2:step=60"
