@@ -30,12 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the launcher's node endpoint (hotspare run --listen)")
     p.add_argument("--secret-file", required=True, metavar="FILE",
                    help="the job secret, the same file as the launcher's --secret-file (mode 0600)")
-    p.add_argument("--devices", default="cpu:1", metavar="cpu:N|none",
-                   help="device slots of this host; each worker or spare placed here holds one (default cpu:1)")
+    p.add_argument("--devices", default="cpu:1", metavar="cpu:N|gpu|none",
+                   help="device slots of this host; each worker or spare placed here holds one (default cpu:1). "
+                        "gpu: every GPU NVML sees, polled by NVML; cpu slots get SIMULATED telemetry")
     p.add_argument("--name", default=None, help="this node's name in the job (default: the host name); a "
                                                 "host that was declared lost must come back under a new one")
     p.add_argument("--spawn", choices=("fork", "exec"), default="fork",
                    help="fork workers from a zygote that imported torch, or exec each (as hotspare run)")
+    p.add_argument("--allow-inject", action="store_true",
+                   help="load the fault-injection plug-in (testing): the launcher's --inject faults fire on this "
+                        "host's workers, device faults on its simulated telemetry")
     p.set_defaults(func=run)
 
 
@@ -47,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         if ":" not in args.coordinator:
             raise ConfigError(f"--coordinator {args.coordinator!r}: give ADDR:PORT")
         secret = auth.load_secret(args.secret_file)
-        return serve(args.coordinator, secret, name, parse_devices(args.devices, name), spawn=args.spawn)
+        return serve(args.coordinator, secret, name, parse_devices(args.devices, name), spawn=args.spawn,
+                     allow_inject=args.allow_inject)
     except (ConfigError, ProtocolError) as e:
         print(f"hotspare agent: error: {e}", file=sys.stderr)
         return 2
