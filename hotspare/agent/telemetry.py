@@ -112,11 +112,12 @@ class NodeTelemetry:
 
     def prepare(self, device: str, reset: bool) -> None:
         """Before a diagnostics pass of ``device``: reset it (first pass), then send a fresh poll."""
-        if self.source is None:
-            return
         if reset and isinstance(self.source, SimulatedSource):
             self.source.clear(device)
-            self.say(f"QUARANTINE {device}: reset (simulated: nominal readings again)")
+        self.say(f"QUARANTINE {device}: diagnostics pass starting on this node"
+                 + (", after a reset (simulated: nominal readings again)" if reset and self.device_faults else ""))
+        if self.source is None:
+            return
         done: list[list[Reading]] = []
         poll = threading.Thread(target=lambda: done.append(self.source.poll()), daemon=True,
                                 name="agent-telemetry-prepare")

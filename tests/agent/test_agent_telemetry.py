@@ -81,7 +81,8 @@ def test_the_poller_sends_the_slots_readings_and_a_pass_starts_with_a_reset_and_
         tel.prepare("hostb/cpu1", True)          # the first pass: reset, then one fresh poll of it
         (r,) = agent.sent.get(timeout=1)["readings"]
         assert (r["device"], r["metrics"]["temp_c"], r["metrics"]["clock_event_reasons"]) == ("hostb/cpu1", 55.0, 0)
-        assert any("QUARANTINE hostb/cpu1: reset" in line for line in lines)
+        assert any("QUARANTINE hostb/cpu1: diagnostics pass starting on this node, after a reset" in line
+                   for line in lines), lines
     finally:
         tel.close()
 
