@@ -26,7 +26,7 @@ def test_a_remote_device_turning_hot_migrates_its_rank_and_is_diagnosed_on_its_h
         net, secret_file, one_host_reference, tmp_path):
     db = tmp_path / "health.json"
     job = HostJob(net, secret_file, str(tmp_path / "r.json"), ARGS, agent_extra=["--allow-inject"],
-                  extra=["--node-lease", "2", "--lease-margin", "1", "--log-every", "10", "--telemetry-period", "0.5",
+                  extra=["--log-every", "10", "--telemetry-period", "0.5",       # the default lease: no host is lost here
                          "--health-db", str(db), "--inject", "thermal:rank=2:step=100:temp=92"])
     try:
         code, report = job.finish()
