@@ -434,7 +434,7 @@ class Coordinator:
             return                              # telemetry is off in this job
         readings = e.readings if e.node is None else self.health.node_readings(e.node, e.readings, e.t)
         if readings:
-            self.health.record_readings(readings)
+            self.health.record_readings(readings, e.t)
             self._health_readings(readings, e.t)
 
     def _health_readings(self, readings, t: float, step: int | None = None) -> None:

@@ -36,6 +36,7 @@ from hotspare.protocol.messages import Message, make
 
 EVENT_METRICS = (T.FINGERPRINT_MISMATCH, T.NONFINITE)   # one-off runtime events
 STRAGGLER_WINDOW = 10      # steps of compute time per rank behind one straggler score
+RECORD_EVERY_S = 1.0       # readings reach the registry at most this often: one write for every node's polls
 
 
 class HealthMonitor:
@@ -70,6 +71,8 @@ class HealthMonitor:
         self._fresh: dict[str, tuple[float, Reading]] = {}   # remote device -> (arrival, its newest reading)
         self._reset_next: set[str] = set()        # remote devices whose next pass starts with a reset
         self._refused: set[tuple[str, str]] = set()
+        self._unrecorded: dict[tuple[str, str], Reading] = {}   # (device, source) -> newest, not yet written
+        self._recorded_at = 0.0
         self._tell: Callable[[str, Message], bool] | None = None
         self._stopping = False    # the job is stopping: start no diagnostics (running ones answer)
         self._revision = 0         # the registry's revision last seen (operator commands)
@@ -154,8 +157,10 @@ class HealthMonitor:
             self.admitting.discard(d)
 
     def stop(self) -> None:
-        """The job is stopping: no more diagnostics start (those running still answer)."""
+        """The job is stopping: no more diagnostics start (those running still answer); the
+        readings kept are written."""
         self._stopping = True
+        self.flush_readings()
 
     # ------------------------------------------------------------------ devices
     def usable(self, device: str) -> bool:
@@ -211,9 +216,25 @@ class HealthMonitor:
             return None                          # already out of service and nothing runs there
         return verdict
 
-    def record_readings(self, readings: list[Reading]) -> None:
+    def record_readings(self, readings: list[Reading], now: float | None = None) -> None:
+        """Keep each device's newest reading per source for the registry, written at most every
+        RECORD_EVERY_S: with many nodes each sending its own polls, one registry write (a whole
+        file) per poll of each would grow with the fleet."""
+        now = time.time() if now is None else now
+        for r in readings:
+            self._unrecorded.pop((r.device, r.source), None)
+            self._unrecorded[(r.device, r.source)] = r
+        if now - self._recorded_at >= RECORD_EVERY_S:
+            self.flush_readings(now)
+
+    def flush_readings(self, now: float | None = None) -> None:
+        """Write the readings kept since the last write (also when the job stops)."""
+        if not self._unrecorded:
+            return
+        pending, self._unrecorded = list(self._unrecorded.values()), {}
+        self._recorded_at = time.time() if now is None else now
         try:
-            self.registry.record_readings(readings)
+            self.registry.record_readings(pending)
         except Exception as e:  # noqa: BLE001 - bookkeeping must never stop the job
             self.log(f"health: could not record readings: {e}")
 

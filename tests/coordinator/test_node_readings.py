@@ -145,3 +145,19 @@ def test_without_adopt_a_nodes_unknown_devices_stay_unwatched(tmp_path):
     m.node_connected("hostb", ["hostb/cpu0"])
     assert m.devices == ["hub/cpu0"] and not m.remote
     assert m.node_readings("hostb", [Reading("hostb/cpu0", time.time(), "simulated", {T.TEMP_C: 99.0})], 0) == []
+
+
+def test_the_polls_of_many_nodes_reach_the_registry_in_one_write_per_second(tmp_path):
+    m, _ = desk(tmp_path, [])
+    writes = []
+    real = m.registry.record_readings
+    m.registry.record_readings = lambda rs: (writes.append([(r.device, r.metrics[T.TEMP_C]) for r in rs]), real(rs))
+    t0 = 1000.0
+    m.record_readings([Reading("hostb/cpu0", t0, "simulated", {T.TEMP_C: 50.0})], t0)
+    for i in range(1, 5):               # four more polls within the second: kept, not written
+        m.record_readings([Reading(d, t0 + i / 10, "simulated", {T.TEMP_C: 50.0 + i}) for d in ("hostb/cpu0", "hub/cpu0")],
+                          t0 + i / 10)
+    assert writes == [[("hostb/cpu0", 50.0)]]
+    m.stop()                            # the job stops: the newest of each is written
+    assert writes[1:] == [[("hostb/cpu0", 54.0), ("hub/cpu0", 54.0)]]
+    assert m.registry.get("hostb/cpu0").readings["simulated"].metrics[T.TEMP_C] == 54.0
