@@ -29,13 +29,14 @@ CHUNK = 256           # readings per message (the schema allows up to MAX_ITEMS)
 PREPARE_POLL_S = 5.0  # a poll before diagnostics waits at most this long (a wedged driver must not hold the agent)
 
 
-def node_source(node: str, devices: list[str]) -> tuple[TelemetrySource | None, str]:
+def node_source(node: str, devices: list[str], nvml_lib=None) -> tuple[TelemetrySource | None, str]:
     """The telemetry source for this node's slots, and what to say about it: NVML when the
-    slots are GPUs, a simulated source when they are CPU slots, None for no slots."""
+    slots are GPUs, a simulated source when they are CPU slots, None for no slots.
+    ``nvml_lib``: pynvml's functions, for tests (``NvmlSource(lib=...)``)."""
     gpus = [d for d in devices if d.split("/", 1)[-1].startswith("gpu")]
     cpus = [d for d in devices if d.split("/", 1)[-1].startswith("cpu")]
     if gpus:
-        source = NvmlSource(node)
+        source = NvmlSource(node, lib=nvml_lib)
         ok, why = source.status()
         if not ok:
             source.close()

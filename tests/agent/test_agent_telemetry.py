@@ -115,3 +115,27 @@ def test_an_agents_readings_reach_the_coordinator_as_its_nodes_readings():
         tel.close()
         agent.shutdown(grace=0.0)
         endpoint.close()
+
+
+def test_gpu_slots_are_read_by_nvml_and_their_readings_survive_the_wire():
+    """NVML's real conversions (over the fake driver of tests/health/test_telemetry.py) -> the
+    readings message -> the coordinator's decoding: every metric arrives as it was read."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "nvml_fake_for_agent", Path(__file__).resolve().parents[1] / "health" / "test_telemetry.py")
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    slots = ["g1/gpu0", "g1/gpu1", "g1/gpu2"]
+    source, detail = node_source("g1", slots, nvml_lib=fake.FakeNvmlDriver())
+    try:
+        assert source.name == "nvml" and "580.1" in detail
+        polled = source.poll()
+        msg = make("readings", readings=[wire(r) for r in polled])
+        now = time.time()
+        e = ev.decode("g1", msg, lambda t: t, now)
+        assert {r.device: dict(r.metrics) for r in e.readings} == {r.device: dict(r.metrics) for r in polled}
+        assert {r.device: r.metrics.get(T.DEVICE_ERROR) for r in e.readings}["g1/gpu2"] == "temperature: GPU is lost"
+        assert all(r.source == "nvml" for r in e.readings)
+    finally:
+        source.close()
