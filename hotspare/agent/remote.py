@@ -122,7 +122,7 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
     hello_at = time.monotonic()        # this side's lease counts from before the hello went out
     try:
         ch = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=node, pid=os.getpid(),
-                          devices=devices, device_faults=telemetry.faults is not None and telemetry.device_faults,
+                          devices=devices, device_faults=telemetry.faults is not None and telemetry.faults.device_faults,
                           nonce=nonce)
     except OSError as e:
         raise ConfigError(f"cannot reach the coordinator at {coordinator}: {e}") from None
