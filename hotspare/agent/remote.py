@@ -122,8 +122,8 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
     hello_at = time.monotonic()        # this side's lease counts from before the hello went out
     try:
         ch = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=node, pid=os.getpid(),
-                          devices=devices, device_faults=telemetry.faults is not None and telemetry.faults.device_faults,
-                          nonce=nonce)
+                          devices=devices, nonce=nonce,
+                          device_faults=telemetry.faults is not None and telemetry.faults.device_faults)
     except OSError as e:
         raise ConfigError(f"cannot reach the coordinator at {coordinator}: {e}") from None
     welcome = ch.recv()

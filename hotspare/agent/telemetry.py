@@ -94,7 +94,8 @@ class NodeTelemetry:
         agent.checks.prepare = self.prepare
         wanted = type(period) in (int, float) and period > 0
         if self.source is None or not wanted:
-            self.say(self.detail if self.source is None else f"{self.detail}; not polled: the launcher's telemetry is off")
+            self.say(self.detail if self.source is None
+                     else f"{self.detail}; not polled: the launcher's telemetry is off")
             return
         self.poller = Poller(self.source, self.send, period_s=float(period))
         self.poller.start()

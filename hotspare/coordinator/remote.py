@@ -3,8 +3,9 @@
 It is a ``NodeEndpoint`` bound to the address given (never a wildcard), whose nodes hold
 leases (``hotspare.coordinator.lease``) and are welcomed with the job: the script and its
 arguments, the worker contract and the rendezvous address, with a proof that the launcher
-holds the job secret, and how often to send its host's device telemetry. A node whose lease expires is reported to the coordinator exactly as one
-whose link closed (``NodeLost``): its workers are lost with it and fail over to spares elsewhere.
+holds the job secret, and how often to send its host's device telemetry. A node whose lease
+expires is reported to the coordinator exactly as one whose link closed (``NodeLost``): its
+workers are lost with it and fail over to spares elsewhere.
 """
 from __future__ import annotations
 
