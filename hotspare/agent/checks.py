@@ -44,10 +44,13 @@ class NodeChecks:
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[str, threading.Thread] = {}     # device -> the check that holds it
+        # prepare(device, reset): before a diagnostics pass starts, e.g. the node's telemetry resets
+        # the device (reset: the first pass) and sends a fresh poll up (hotspare.agent.telemetry)
+        self.prepare: Callable[[str, bool], None] | None = None
 
     def commands(self) -> dict[str, Callable[[dict[str, Any]], None]]:
         return {"admit": lambda m: self.admit(list(m["devices"]), m["size"]),
-                "diagnose": lambda m: self.diagnose(m["device"], m["size"])}
+                "diagnose": lambda m: self.diagnose(m["device"], m["size"], m.get("reset") is True)}
 
     def admit(self, devices: list[str], size: str) -> None:
         parsed = self._own(devices)
@@ -56,8 +59,10 @@ class NodeChecks:
         self._start(devices, "admission", lambda: admit_devices(parsed, size=size, progress=_quiet,
                                                                  stop=self.stop))
 
-    def diagnose(self, device: str, size: str) -> None:
+    def diagnose(self, device: str, size: str, reset: bool = False) -> None:
         parsed = self._own([device])
+        if self.prepare is not None and not self.stop.is_set():
+            self.prepare(device, reset)
         self._start([device], "quarantine", lambda: diagnose_devices(parsed, size=size, progress=_quiet,
                                                                       stop=self.stop))
 

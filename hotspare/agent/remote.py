@@ -22,6 +22,7 @@ from typing import Callable
 from hotspare.agent.agent import NodeAgent
 from hotspare.agent.lease import AgentLease
 from hotspare.agent.netif import gloo_interface
+from hotspare.agent.telemetry import NodeTelemetry
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
@@ -33,12 +34,22 @@ EXIT_FENCED = 3                 # the lease ran out: this node fenced itself
 
 
 def parse_devices(spec: str | None, node: str) -> list[str]:
-    """``cpu:N`` -> N CPU device slots named ``NODE/cpu0``...; None or "none": no slots."""
+    """``cpu:N`` -> N CPU device slots named ``NODE/cpu0``...; ``gpu``: every GPU NVML sees
+    here, ``NODE/gpuI`` (I its NVML index); None or "none": no slots."""
     if spec in (None, "none"):
         return []
+    if spec == "gpu":
+        from hotspare.health.telemetry import NvmlSource
+        nvml = NvmlSource(node)
+        ok, why = nvml.status()
+        names = nvml.devices() if ok else []
+        nvml.close()
+        if not names:
+            raise ConfigError(f"--devices gpu: no GPU readable here ({why}); use cpu:N")
+        return names
     kind, _, count = spec.partition(":")
     if kind != "cpu" or not count.isdigit() or not 1 <= int(count) <= 4096:
-        raise ConfigError(f"--devices {spec!r}: use cpu:N with N in 1..4096, or none")
+        raise ConfigError(f"--devices {spec!r}: use cpu:N with N in 1..4096, gpu, or none")
     return [f"{node}/cpu{i}" for i in range(int(count))]
 
 
@@ -109,18 +120,23 @@ class LeasedUplink:
 
 
 def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn: str = "fork",
-          spare: bool = False) -> int:
+          spare: bool = False, allow_inject: bool = False) -> int:
     """Run this host's agent until the job ends (0), or the lease runs out (EXIT_FENCED). At a
     coordinator service (``hotspare coordinator``) the agent joins its pool instead and works
-    for the jobs placed on it (``hotspare.agent.pooled``); ``spare``: this host holds spares."""
+    for the jobs placed on it (``hotspare.agent.pooled``); ``spare``: this host holds spares.
+    ``allow_inject``: load the fault plug-in (its device faults drive this host's simulated telemetry)."""
     def say(line: str) -> None:
         print(f"hotspare agent {node}: {line}", file=sys.stderr, flush=True)
+
+    # --- this host's device telemetry, polled here, sent up as readings (hotspare.agent.telemetry)
+    telemetry = NodeTelemetry(node, devices, say, allow_inject)
 
     nonce = secrets.token_hex(16)
     hello_at = time.monotonic()        # this side's lease counts from before the hello went out
     try:
         ch = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=node, pid=os.getpid(),
-                          devices=devices, device_faults=False, nonce=nonce, spare=spare, job="", alive=[])
+                          devices=devices, nonce=nonce, spare=spare, job="", alive=[],
+                          device_faults=telemetry.faults is not None and telemetry.faults.device_faults)
     except OSError as e:
         raise ConfigError(f"cannot reach the coordinator at {coordinator}: {e}") from None
     welcome = ch.recv(any_version=True)     # a refusal of a coordinator of another version, too
@@ -128,6 +144,7 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
         if not hmac.compare_digest(welcome_proof(secret, node, nonce), welcome["proof"]):
             ch.close()
             raise ProtocolError(f"{coordinator} could not prove it holds the secret; not working for it")
+        telemetry.close()          # a service's jobs run without device telemetry (docs/DEPLOY.md)
         return _serve_pool(ch, welcome, hello_at, coordinator, secret, node, devices, spare, spawn, say)
     if welcome is None or welcome["type"] != "welcome":
         why = welcome["message"] if welcome and welcome["type"] == "refused" else "it closed the link"
@@ -155,11 +172,13 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
     lease = AgentLease(float(welcome["lease"]), send=ch.send, fence=fence, granted_at=hello_at)
     uplink = LeasedUplink(ch, lease, on_refused)
     agent = NodeAgent(cmd, env, coordinator, secret, node=node, devices=devices, spawn=spawn,
-                      uplink=uplink)  # type: ignore[arg-type]   # a Channel's send/recv/close
+                      uplink=uplink, faults=telemetry.faults)  # type: ignore[arg-type]   # a Channel's send/recv/close
     holder.append(agent)
+    telemetry.start(agent, welcome.get("telemetry_period"))     # --- telemetry: the period is the launcher's
     lease.start()
     say(f"joined {coordinator}: {len(devices)} device slot(s), lease {welcome['lease']:g} s")
     agent.wait_closed()
+    telemetry.close()                                            # --- telemetry
     lease.stop()
     if fenced.is_set():
         return EXIT_FENCED

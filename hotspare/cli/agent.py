@@ -54,9 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"the launcher's node endpoint (hotspare run --listen); default: ${COORDINATOR_ENV}")
     p.add_argument("--secret-file", required=True, metavar="FILE",
                    help="the job secret, the same file as the launcher's --secret-file (mode 0600)")
-    p.add_argument("--devices", default=None, metavar="cpu:N|none",
+    p.add_argument("--devices", default=None, metavar="cpu:N|gpu|none",
                    help="device slots of this host; each worker or spare placed here holds one (default "
-                        "cpu:1; under srun, from Slurm's environment: see below)")
+                        "cpu:1; under srun, from Slurm's environment: see below). gpu: every GPU NVML sees, "
+                        "polled by NVML; cpu slots get SIMULATED telemetry")
     p.add_argument("--name", default=None, help="this node's name in the job (default: the host name; under "
                                                 "srun, the Slurm node's: see below); a host that was "
                                                 "declared lost must come back under a new one")
@@ -65,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "jobs whose ranks run elsewhere")
     p.add_argument("--spawn", choices=("fork", "exec"), default="fork",
                    help="fork workers from a zygote that imported torch, or exec each (as hotspare run)")
+    p.add_argument("--allow-inject", action="store_true",
+                   help="load the fault-injection plug-in (testing): the launcher's --inject faults fire on this "
+                        "host's workers, device faults on its simulated telemetry")
     p.set_defaults(func=run)
 
 
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             _say(name, f"devices {devices} from {defaults.devices_from}")
         secret = auth.load_secret(args.secret_file)
         return serve(coordinator, secret, name, parse_devices(devices, name), spawn=args.spawn,
-                     spare=args.spare)
+                     spare=args.spare, allow_inject=args.allow_inject)
     except (ConfigError, ProtocolError) as e:
         print(f"hotspare agent: error: {e}", file=sys.stderr)
         return 2

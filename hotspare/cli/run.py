@@ -249,8 +249,9 @@ def _remote_endpoint(cfg: RunConfig, env: dict[str, str], events: "queue.Queue",
     h = cfg.hosts
     job = remote_job_env(env)
     host, port = host_port(h.listen)
+    period = cfg.health.telemetry_period if cfg.health.telemetry != "off" else 0.0
     remote = remote_endpoint(events, secret, coord.nodes.owner, host, port, h.node_lease, h.lease_margin,
-                             os.path.abspath(cfg.script), list(cfg.script_args), job, log)
+                             os.path.abspath(cfg.script), list(cfg.script_args), job, log, telemetry_period=period)
     log(f"nodes: waiting for {h.remote_nodes} remote agent(s) on {remote.address} (hotspare agent "
         f"--coordinator {remote.address} --secret-file FILE); node lease {h.node_lease:g} s + margin "
         f"{h.lease_margin:g} s; rendezvous store on {cfg.store_addr}")
@@ -258,13 +259,12 @@ def _remote_endpoint(cfg: RunConfig, env: dict[str, str], events: "queue.Queue",
 
 
 def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
-    """The health desk, the telemetry source, its poller (feeding the coordinator's queue) and
-    the Slurm reconciler (None where Slurm is off)."""
+    """The health desk, the telemetry source of this host's node agents and its poller (feeding
+    the coordinator's queue; None without local node agents) and the Slurm reconciler (None
+    where Slurm is off). Remote hosts' devices join the desk as their agents connect; each agent
+    polls its own host and sends the readings up (hotspare.agent.telemetry)."""
     h = cfg.health
     if h.telemetry == "off":
-        return None, None, None, None
-    if cfg.hosts.remote_nodes:       # --telemetry auto: the devices of other hosts are not polled (yet)
-        log("health: off (device telemetry and diagnostics of remote hosts are not collected yet; docs/DEPLOY.md)")
         return None, None, None, None
     import tempfile
 
@@ -273,8 +273,11 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
     from hotspare.health.rulefile import load_rules
     from hotspare.health.telemetry import NvmlSource, Poller, SimulatedSource
 
-    slots = cfg.slots
-    if h.telemetry in ("auto", "nvml"):
+    slots, remote = cfg.slots, bool(cfg.hosts.remote_nodes)
+    source = None
+    if not cfg.local_nodes:
+        pass                        # no node agent here: every device is a remote host's
+    elif h.telemetry in ("auto", "nvml"):
         source = NvmlSource()
         ok, why = source.status()
         if not ok:
@@ -284,9 +287,9 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
             source.fallback_reason = why
     else:
         source = SimulatedSource(slots)
-    devices = source.devices()[:slots] if source.name == "simulated" else source.devices()
+    devices = [] if source is None else source.devices()[:slots] if source.name == "simulated" else source.devices()
     db = h.health_db or os.environ.get(ENV_PATH)
-    if db is None and source.name == "simulated":   # simulated devices are this run's own
+    if db is None and (source is None or source.name == "simulated"):   # simulated devices are this run's own
         db = os.path.join(tempfile.mkdtemp(prefix="hotspare-health-"), "health.json")
     registry = Registry(db)             # real devices: the node's shared registry
     db = str(registry.path)
@@ -301,13 +304,18 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
             source.clear(device)
 
     # Admission and quarantine diagnostics run on the node agents (hotspare.agent.checks).
-    monitor = HealthMonitor(rules, registry, devices, log=log, poll=source.poll, reset=reset,
-                            admission=h.admission)
+    monitor = HealthMonitor(rules, registry, devices, log=log, poll=source.poll if source is not None else None,
+                            reset=reset, admission=h.admission, adopt=remote)
     from hotspare.coordinator.events import Readings
-    poller = Poller(source, lambda readings: events.put(Readings(readings, time.time())),
-                    period_s=h.telemetry_period)
-    log(f"health: telemetry {source.status()[1]}; rules {', '.join(rules.sources)}; device registry {db} "
-        f"(hotspare health --db {db})")
+    poller = None if source is None else Poller(source, lambda readings: events.put(Readings(readings, time.time())),
+                                                period_s=h.telemetry_period)
+    here = f"telemetry {source.status()[1]}" if source is not None else "no node agent on this host"
+    if remote:
+        here += (f"; remote hosts: each agent polls its own devices every {h.telemetry_period:g} s and runs their "
+                 "admission and quarantine checks")
+        if not (h.health_db or os.environ.get(ENV_PATH)):
+            here += " (this run's registry only: --health-db FILE keeps their record across jobs)"
+    log(f"health: {here}; rules {', '.join(rules.sources)}; device registry {db} (hotspare health --db {db})")
     return monitor, source, poller, reconciler
 
 

@@ -233,9 +233,10 @@ class RunConfig(Section):
     def validate(self) -> None:
         if self.local_nodes + self.hosts.remote_nodes < 1:
             raise ConfigError("--local-nodes 0 needs --remote-nodes K: some node must run the workers")
-        if self.hosts.remote_nodes and self.health.telemetry in ("nvml", "simulated"):
-            raise ConfigError(f"--telemetry {self.health.telemetry} with --remote-nodes: the devices of remote "
-                              "hosts are not polled yet; use --telemetry auto or off")
+        if self.hosts.remote_nodes and not self.local_nodes and self.health.telemetry in ("nvml", "simulated"):
+            raise ConfigError(f"--telemetry {self.health.telemetry} with --remote-nodes and no --local-nodes: each "
+                              "remote agent polls its own host (GPU slots: NVML, cpu slots: simulated); use "
+                              "--telemetry auto (or off)")
         if self.hosts.remote_nodes and self.launch.secret_file is None:
             raise ConfigError("--remote-nodes needs --secret-file FILE: the remote agents prove the same secret")
         nproc, spares = self.launch.nproc, self.capacity.spares

@@ -488,9 +488,13 @@ class Coordinator:
 
     # ------------------------------------------------------------------ health
     def _readings(self, e: ev.Readings) -> None:
-        """A telemetry poll (queued by the poller thread)."""
-        self.health.record_readings(e.readings)
-        self._health_readings(e.readings, e.t)
+        """A telemetry poll: the launcher's (queued by its poller thread) or a remote node's."""
+        if self.health is None:
+            return                              # telemetry is off in this job
+        readings = e.readings if e.node is None else self.health.node_readings(e.node, e.readings, e.t)
+        if readings:
+            self.health.record_readings(readings, e.t)
+            self._health_readings(readings, e.t)
 
     def _health_readings(self, readings, t: float, step: int | None = None) -> None:
         for reading in readings:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 from hotspare.errors import ProtocolError
+from hotspare.health.types import TELEMETRY_METRICS, XIDS, Reading
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import FROM_WORKER, Message, validate
 
@@ -120,9 +121,11 @@ class FaultInjected:
 
 @dataclass(frozen=True)
 class Readings:
-    """A telemetry poll (hotspare.health.telemetry.Poller)."""
+    """A telemetry poll: the launcher's own (hotspare.health.telemetry.Poller), or a remote
+    agent's of its host's devices (``node`` names it; the node endpoint checked they are its)."""
     readings: Any
     t: float
+    node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,23 @@ _DECODE: dict[str, Callable[[str, Message, Callable[[float], float], float], Eve
     "checked": lambda node, m, t, now: _checked(node, m, now),
     "resumed": lambda node, m, t, now: NodeResumed(node, m["job"], tuple(m["alive"]), now),
     "released": lambda node, m, t, now: NodeReleased(node, m["job"], now),
+    "readings": lambda node, m, t, now: _readings(node, m, t, now),
 }
+
+
+def _readings(node: str, msg: Message, stamp: Callable[[float], float], now: float) -> Readings:
+    """A node's poll of its own devices (``hotspare.agent.telemetry``), schema-checked already:
+    only telemetry metrics, time stamps near the coordinator's clock; no rank (the coordinator
+    knows which rank runs where)."""
+    out = []
+    for item in msg["readings"]:
+        unknown = sorted(set(item["metrics"]) - TELEMETRY_METRICS)
+        if unknown:
+            raise ProtocolError(f"reading of {item['device'][:64]!r}: {', '.join(k[:40] for k in unknown[:5])} "
+                                "is not a telemetry metric")
+        metrics = {k: tuple(v) if k == XIDS else v for k, v in item["metrics"].items()}
+        out.append(Reading(item["device"], stamp(item["time"]), item["source"], metrics))
+    return Readings(out, now, node)
 
 
 def _checked(node: str, msg: Message, now: float) -> DeviceChecked:

@@ -13,7 +13,10 @@ breaker, repeat offender) on the result; the coordinator turns a verdict into a
 failover. The device lifecycle (healthy → cordoned → draining → quarantined → healthy/retired) is
 kept in the registry. Admission and quarantine diagnostics run on the node that holds the device,
 as its agent's commands (``admit``, ``diagnose``: ``hotspare.agent.checks``); their verdicts come
-back as events. Nothing here imports torch.
+back as events. A remote host's devices (``adopt``) join the desk as its agent connects, named
+``NODE/...``; their telemetry is polled by that agent and arrives as its ``readings``
+(``hotspare.agent.telemetry``), their reset before diagnostics is done there too. Nothing here
+imports torch.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from hotspare.protocol.messages import Message, make
 
 EVENT_METRICS = (T.FINGERPRINT_MISMATCH, T.NONFINITE)   # one-off runtime events
 STRAGGLER_WINDOW = 10      # steps of compute time per rank behind one straggler score
+RECORD_EVERY_S = 1.0       # readings reach the registry at most this often: one write for every node's polls
 
 
 class HealthMonitor:
@@ -40,13 +44,16 @@ class HealthMonitor:
                  log: Callable[[str], None] = print,
                  poll: Callable[[], list[Reading]] | None = None,
                  reset: Callable[[str], None] | None = None, diagnostics_passes: int = 2,
-                 size: str = "small", admission: str = "off"):
+                 size: str = "small", admission: str = "off", adopt: bool = False):
         """``poll()``: the telemetry source's readings now; a quarantined device's telemetry
         must be clean again before each diagnostics pass. ``reset(device)``: what a GPU reset
         does, before the first pass. The checks themselves run on the node that holds the
         device (``hotspare.agent.checks``): commands go down through ``attach``'s ``tell``,
         verdicts come back as ``DeviceChecked`` events (``checked``). ``admission``: "off", or
-        the size of the admission checks a node's devices pass before they take work."""
+        the size of the admission checks a node's devices pass before they take work.
+        ``adopt``: devices a node names in its hello that are not in ``devices`` join the desk
+        when they are named after that node (``NODE/cpu0``): a remote host's, whose telemetry
+        its own agent polls and sends (``node_readings``)."""
         self.rules, self.registry, self.devices, self.log = rules, registry, list(devices), log
         self.history: dict[str, list[Reading]] = {}
         self.rank_device: dict[int, str] = {}
@@ -58,6 +65,14 @@ class HealthMonitor:
         self.admitting: set[str] = set()
         self.retiring: set[str] = set()
         self.owner: dict[str, str] = {}           # device -> the node that holds it
+        self.adopt = adopt
+        self.remote: set[str] = set()             # devices whose telemetry their node's agent sends
+        self._asked: dict[str, float] = {}        # remote device -> when its diagnostics pass was asked
+        self._fresh: dict[str, tuple[float, Reading]] = {}   # remote device -> (arrival, its newest reading)
+        self._reset_next: set[str] = set()        # remote devices whose next pass starts with a reset
+        self._refused: set[tuple[str, str]] = set()
+        self._unrecorded: dict[tuple[str, str], Reading] = {}   # (device, source) -> newest, not yet written
+        self._recorded_at = 0.0
         self._tell: Callable[[str, Message], bool] | None = None
         self._stopping = False    # the job is stopping: start no diagnostics (running ones answer)
         self._revision = 0         # the registry's revision last seen (operator commands)
@@ -79,9 +94,17 @@ class HealthMonitor:
     def node_connected(self, node: str, devices: list[str]) -> None:
         """A node's agent connected: its devices pass admission (when asked for); a device a
         job left quarantined mid-diagnostics is diagnosed again."""
-        mine = [d for d in devices if d in self.devices]
-        for d in mine:
+        if self.adopt:
+            self._adopt(node, devices)
+        mine = []
+        for d in devices:
+            if d not in self.devices:
+                continue
+            if self.owner.get(d, node) != node:
+                self.log(f"HEALTH  node {node} names {d}, which node {self.owner[d]} holds: not watched for it")
+                continue
             self.owner[d] = node
+            mine.append(d)
         fresh = [d for d in mine if self.registry.get(d).state != State.QUARANTINED]
         if self.admission != "off" and fresh:
             kinds = sorted({"gpu" if "/gpu" in d else "cpu" for d in fresh})
@@ -96,6 +119,33 @@ class HealthMonitor:
             if self.registry.get(d).state == State.QUARANTINED:
                 self._start_diagnostics(d)
 
+    def _adopt(self, node: str, devices: list[str]) -> None:
+        """A remote node's devices join the desk (the launcher's registry keeps their record)."""
+        new = [d for d in devices if d not in self.devices and d.split("/", 1)[0] == node]
+        for d in devices:
+            if d not in self.devices and d not in new:
+                self.log(f"HEALTH  node {node} names device {d[:64]!r}, not one of its own (NODE/...): not watched")
+        for d in new:
+            rec = self.registry.ensure(d)
+            self.remediations.extend((t, d) for t in rec.remediations)
+            self.devices.append(d)
+            self.remote.add(d)
+        if new:
+            self.log(f"HEALTH  node {node}: {len(new)} device(s) watched, telemetry from its agent: {', '.join(new)}")
+
+    def node_readings(self, node: str, readings: list[Reading], now: float) -> list[Reading]:
+        """A remote node's poll: the readings of its own watched devices (others are dropped
+        and said once); the newest of each is kept for its diagnostics' telemetry check."""
+        out = []
+        for r in readings:
+            if r.device in self.remote and self.owner.get(r.device) == node:
+                out.append(r)
+                self._fresh[r.device] = (now, r)
+            elif (node, r.device) not in self._refused:
+                self._refused.add((node, r.device))
+                self.log(f"HEALTH  ignoring node {node}'s readings of {r.device}: not a device it holds here")
+        return out
+
     def node_lost(self, node: str) -> None:
         """The link to ``node`` closed: its checks will not answer."""
         for d in [d for d, n in self.owner.items() if n == node]:
@@ -107,8 +157,10 @@ class HealthMonitor:
             self.admitting.discard(d)
 
     def stop(self) -> None:
-        """The job is stopping: no more diagnostics start (those running still answer)."""
+        """The job is stopping: no more diagnostics start (those running still answer); the
+        readings kept are written."""
         self._stopping = True
+        self.flush_readings()
 
     # ------------------------------------------------------------------ devices
     def usable(self, device: str) -> bool:
@@ -164,9 +216,25 @@ class HealthMonitor:
             return None                          # already out of service and nothing runs there
         return verdict
 
-    def record_readings(self, readings: list[Reading]) -> None:
+    def record_readings(self, readings: list[Reading], now: float | None = None) -> None:
+        """Keep each device's newest reading per source for the registry, written at most every
+        RECORD_EVERY_S: with many nodes each sending its own polls, one registry write (a whole
+        file) per poll of each would grow with the fleet."""
+        now = time.time() if now is None else now
+        for r in readings:
+            self._unrecorded.pop((r.device, r.source), None)
+            self._unrecorded[(r.device, r.source)] = r
+        if now - self._recorded_at >= RECORD_EVERY_S:
+            self.flush_readings(now)
+
+    def flush_readings(self, now: float | None = None) -> None:
+        """Write the readings kept since the last write (also when the job stops)."""
+        if not self._unrecorded:
+            return
+        pending, self._unrecorded = list(self._unrecorded.values()), {}
+        self._recorded_at = time.time() if now is None else now
         try:
-            self.registry.record_readings(readings)
+            self.registry.record_readings(pending)
         except Exception as e:  # noqa: BLE001 - bookkeeping must never stop the job
             self.log(f"health: could not record readings: {e}")
 
@@ -259,7 +327,9 @@ class HealthMonitor:
             self.log(f"QUARANTINE {device}: the job is stopping; diagnostics not started (the device "
                      f"stays quarantined; the next job on this node diagnoses it)")
             return
-        if self.reset is not None:
+        if device in self.remote:
+            self._reset_next.add(device)         # reset on its node, by its agent, with the first pass
+        elif self.reset is not None:
             try:
                 self.reset(device)               # e.g. a GPU reset; the simulated device resets
             except Exception as e:  # noqa: BLE001
@@ -270,15 +340,35 @@ class HealthMonitor:
         self._next_pass(device)
 
     def _next_pass(self, device: str) -> None:
-        """Telemetry first (clean again after the reset), then the node's checks."""
-        bad = self._telemetry_trips(device)
+        """Telemetry first (clean again after the reset), then the node's checks. A remote
+        device's agent resets it (first pass) and sends a fresh poll before its checks start;
+        that reading is judged when the verdict comes (``_remote_telemetry``)."""
+        remote = device in self.remote
+        bad = None if remote else self._telemetry_trips(device)
         if bad is not None:
             self._failed(device, f"telemetry still trips {bad.rule}: {bad.reason}")
             return
         node = self.owner.get(device)
-        if node is None or not self._command(node, make("diagnose", device=device, size=self.size)):
+        cmd = make("diagnose", device=device, size=self.size)
+        if remote:
+            cmd["reset"] = device in self._reset_next
+            self._reset_next.discard(device)
+            self._asked[device] = time.time()
+        if node is None or not self._command(node, cmd):
             del self.diagnosing[device]
             self.log(f"QUARANTINE {device}: diagnostics could not run: its node is gone; it stays quarantined")
+
+    def _remote_telemetry(self, device: str) -> str | None:
+        """Why a remote device's pass cannot count on its telemetry (None: clean): its agent
+        sends a poll before each pass's checks start, so one must have arrived since it was asked."""
+        fresh, asked = self._fresh.get(device), self._asked.get(device, 0.0)
+        if fresh is None or fresh[0] < asked:
+            return f"no telemetry reading from node {self.owner.get(device)} came with the pass"
+        bad = [v for v in evaluate(self.rules, [fresh[1]], time.time()) if T.SEVERITY[v.action] > T.SEVERITY[T.WATCH]]
+        if bad:
+            v = worst(bad)
+            return f"telemetry still trips {v.rule}: {v.reason}"
+        return None
 
     def _telemetry_trips(self, device: str) -> Verdict | None:
         if self.poll is None:
@@ -311,11 +401,13 @@ class HealthMonitor:
                      f"quarantined and the next job on this node diagnoses it again")
         elif not e.passed:
             self._failed(e.device, e.detail)
+        elif e.device in self.remote and (why := self._remote_telemetry(e.device)) is not None:
+            self._failed(e.device, why)
         else:
             done = self.diagnosing[e.device] + 1
             self.diagnosing[e.device] = done
             rec = self.registry.diagnostics_passed(e.device, e.detail)
-            self.log(f"QUARANTINE {e.device}: diagnostics pass {done}/{self.passes}: {e.detail}")
+            self.log(f"QUARANTINE {e.device}: diagnostics pass {done}/{self.passes} on node {e.node}: {e.detail}")
             if rec.state == State.HEALTHY:
                 del self.diagnosing[e.device]
                 self.history.pop(e.device, None)

@@ -154,16 +154,21 @@ class NodeEndpoint:
                         pass
                 continue
             try:
-                self._event(node, msg)
+                self._event(node, msg, hello["devices"])
             except ProtocolError as e:
                 _say(f"refusing {msg['type']!r} from node {node} ({auth.peer(ch)}): {e}")
 
-    def _event(self, node: str, msg: Message) -> None:
+    def _event(self, node: str, msg: Message, devices: list[str]) -> None:
         """Queue the event ``msg`` stands for, or raise ProtocolError: not an agent's message,
-        about a worker of another node, or not a worker's message inside a relay."""
+        about a worker of another node, readings of a device not among the node's own
+        (``devices``, from its hello), or not a worker's message inside a relay."""
         event = ev.decode(node, msg, _event_time, time.time())
         if isinstance(event, ev.WORKER_EVENTS) and self._owner(event.worker) != node:
             raise ProtocolError(f"worker {event.worker[:64]!r} is not one this node runs")
+        if isinstance(event, ev.Readings):
+            alien = sorted({r.device for r in event.readings} - set(devices))
+            if alien:
+                raise ProtocolError(f"readings of {', '.join(d[:64] for d in alien[:5])}: not this node's devices")
         self._route(node).put(event)
 
 

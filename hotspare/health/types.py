@@ -49,6 +49,15 @@ MONITOR_UNRESPONSIVE = "monitor_unresponsive"  # str: why the source is consider
 MONITOR_STALLED_PERIODS = "monitor_stalled_periods"  # number: how long the poll in progress has hung, in periods
 DEVICE_ERROR = "device_error"                  # str: the error the device answered with, e.g. "GPU is lost"
 
+# What a node's telemetry may report (a remote agent's readings, hotspare.agent.telemetry): the
+# device metrics and the telemetry layer's own, never the runtime's signals (those come from the
+# workers themselves, through the coordinator).
+TELEMETRY_METRICS = frozenset({
+    TEMP_C, MEM_TEMP_C, THERMAL_MARGIN_C, CLOCK_EVENT_REASONS, POWER_W, ECC_SBE_VOLATILE, ECC_DBE_VOLATILE,
+    REMAP_PENDING, REMAP_FAILED, PCIE_GEN, PCIE_GEN_MAX, PCIE_WIDTH, PCIE_WIDTH_MAX, PCIE_REPLAY,
+    NVLINK_CRC_ERRORS, NVLINK_REPLAY_ERRORS, NVLINK_RECOVERY_ERRORS, XIDS, RECOVERY_ACTION,
+    MONITOR_UNRESPONSIVE, MONITOR_STALLED_PERIODS, DEVICE_ERROR})
+
 # --- actions, mildest first ----------------------------------------------------------------------
 IGNORE = "ignore"
 WATCH = "watch"            # record, trend, alert a human

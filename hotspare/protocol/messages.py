@@ -83,6 +83,9 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "refused": {"command": _STR, "message": _STR},           # a command the agent could not carry out
     # the verdict of an "admit" or "diagnose" on one device (hotspare.agent.checks)
     "checked": {"device": _STR, "stage": _STR, "passed": _BOOL, "cancelled": _BOOL, "detail": _STR},
+    # a remote agent's poll of its own host's devices (hotspare.agent.telemetry): each item
+    # {device, time, source, metrics}; the node endpoint refuses devices not of that node
+    "readings": {"readings": _LIST},
     # coordinator -> node agent: the coordinator decides, the agent carries out
     "spawn": {"worker": _STR, "role": _STR, "rank": _OPT_INT, "device": _OPT_STR},
     "kill": {"worker": _STR, "signal": _INT, "group": _BOOL},
@@ -92,6 +95,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "shutdown": {"grace": _NUM},                             # end the workers, then close the link
     # a remote node's lease (hotspare.agent.lease, hotspare.coordinator.lease): the coordinator's
     # first word to an agent that connected over the network, and the renewals that follow
+    # optional "telemetry_period": seconds between the agent's polls of its devices (0 or absent: none)
     "welcome": {"lease": _NUM, "script": _STR, "args": _LIST, "env": _DICT, "proof": _STR},
     # a node agent and the coordinator service (hotspare coordinator, hotspare.service): the
     # service's first word (the agent is in its pool, no job yet; ``job``: the job it resumed),
@@ -104,7 +108,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "renew": {"seq": _INT},                                  # agent -> coordinator
     "renewed": {"seq": _INT},                                # coordinator -> agent
     "admit": {"devices": _LIST, "size": _STR},               # admission checks of these devices
-    "diagnose": {"device": _STR, "size": _STR},              # one pass of quarantine diagnostics
+    # one pass of quarantine diagnostics; optional "reset": true before the first (the device is reset)
+    "diagnose": {"device": _STR, "size": _STR},
     # operator (hotspare inject) <-> launcher
     "inject": {"spec": _STR, "operator": _STR, "proof": _STR},
     "control_reply": {"ok": (bool,), "message": _STR},
@@ -124,10 +129,13 @@ RANGES: dict[str, tuple[float, float]] = {
     "committed": (-1, _BIG), "total": (0, _BIG), "bytes": (0, _BIG), "pid": (1, 2 ** 31),
     "wait": (0, _BIG), "id": (-1, _BIG), "seq": (0, _BIG), "lease": (0.1, 3600),
     "dt": (0, 1e7), "seconds": (0, 1e7), "grace": (0, 3600), "t": (0, 1e11),
+    "telemetry_period": (0, 3600),
     "compute": (0, 1e7), "comm": (0, 1e7), "check": (0, 1e7), "check_cpu": (0, 1e7), "fp": (0, 1e7),
 }
 MAX_ITEMS = 1024                  # entries of a nested list or dict
 MAX_NAME = 256                    # a metric's, timing's or device's name
+MAX_METRICS = 64                  # metrics of one reading
+MAX_XIDS = 64                     # Xid codes of one reading
 
 
 Message = dict[str, Any]
@@ -198,6 +206,39 @@ def _health(kind: str, value: Any) -> None:
         _fail(kind, "health needs 'step' as a step number")
 
 
+def _xid(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= 2 ** 31
+
+
+def _reading_value(key: str, v: Any) -> bool:
+    if key == "xids":
+        return isinstance(v, list) and len(v) <= MAX_XIDS and all(map(_xid, v))
+    return isinstance(v, bool) or _metric(v)
+
+
+def _reading(kind: str, item: Any) -> None:
+    """One device reading of a ``readings`` message: bounded, finite, plain values only."""
+    if not isinstance(item, dict) or not _short(item.get("device")) or item.get("source") not in ("nvml", "simulated"):
+        _fail(kind, "each reading needs 'device' (a short string) and 'source' ('nvml' or 'simulated')")
+    t = item.get("time")
+    if not _number(t) or not RANGES["t"][0] <= t <= RANGES["t"][1]:
+        _fail(kind, f"reading of {item['device'][:40]!r}: 'time' must be a finite time stamp")
+    metrics = item.get("metrics")
+    if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
+        _fail(kind, f"reading of {item['device'][:40]!r}: 'metrics' must be an object of at most {MAX_METRICS} entries")
+    for k, v in metrics.items():
+        if len(k) > MAX_NAME or not _reading_value(k, v):
+            _fail(kind, f"reading of {item['device'][:40]!r}: metric {k[:40]!r} must be a finite number, a bool, "
+                        f"a short string (xids: a list of at most {MAX_XIDS} codes)")
+
+
+def _readings(kind: str, value: Any) -> None:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_ITEMS:
+        _fail(kind, f"field 'readings' must be a list of 1 to {MAX_ITEMS} readings")
+    for item in value:
+        _reading(kind, item)
+
+
 # type -> {nested field: its check}; the field is checked when present (required ones by SCHEMA)
 NESTED: dict[str, dict[str, Callable[[str, Any], None]]] = {
     "commit": {"metrics": lambda k, v: _mapping(k, "metrics", v, _metric, "a finite number or a short string")},
@@ -214,6 +255,7 @@ NESTED: dict[str, dict[str, Callable[[str, Any], None]]] = {
                                             "a string"),
                "devices": lambda k, v: _sequence(k, "devices", v, _short, "device names")},
     "resumed": {"alive": lambda k, v: _sequence(k, "alive", v, _short, "worker ids")},
+    "readings": {"readings": _readings},
 }
 
 

@@ -69,11 +69,12 @@ class Output:
 class HostJob:
     def __init__(self, net: Hosts, secret_file: str, report: str, script_args: list[str], nproc: int = 4,
                  spares: int = 2, devices: int = 2, extra: list[str] = (), env: dict[str, str] | None = None,
-                 echo: bool = False):
+                 echo: bool = False, agent_extra: list[str] = ()):
+        """``extra``: more launcher flags; ``agent_extra``: more flags for every agent (``--allow-inject``)."""
         self.net, self.secret_file, self.report_path = net, secret_file, report
         self.env = {"PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)), "OMP_NUM_THREADS": "1", **(env or {})}
         self.address = f"{net.hub_addr}:{PORT}"
-        self.echo = echo
+        self.echo, self.agent_extra = echo, list(agent_extra)
         cmd = [sys.executable, "-m", "hotspare", "run", "--listen", self.address,
                "--remote-nodes", str(len(net.hosts)), "--secret-file", secret_file, "--nproc", str(nproc),
                "--spares", str(spares), "--report", report, *extra, "--", str(EXAMPLE), *script_args]
@@ -92,7 +93,7 @@ class HostJob:
 
     def start_agent(self, host: str, name: str, devices: int = 2) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "hotspare", "agent", "--coordinator", self.address, "--secret-file",
-               self.secret_file, "--devices", f"cpu:{devices}", "--name", name]
+               self.secret_file, "--devices", f"cpu:{devices}", "--name", name, *self.agent_extra]
         proc = self._popen(self.net[host].ns, cmd, name)
         self.agents[name], self.agent_logs[name] = proc, Output(proc, name if self.echo else None)
         return proc

@@ -212,7 +212,7 @@ def test_the_production_path_imports_no_fault_injection_and_the_policy_no_torch(
     simulator) imports neither torch nor sockets."""
     import subprocess
     import sys
-    probe = ("import sys, hotspare.coordinator, hotspare.coordinator.control, hotspare.agent\n"
+    probe = ("import sys, hotspare.coordinator, hotspare.coordinator.control, hotspare.agent, hotspare.agent.remote\n"
              "print(sorted(m for m in sys.modules if m.startswith('hotspare.testing')))\n"
              "for m in [m for m in sys.modules if m.startswith('hotspare')]: sys.modules.pop(m)\n"
              "sys.modules.pop('socket', None)\n"
