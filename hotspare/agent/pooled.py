@@ -36,6 +36,9 @@ from hotspare.protocol.lease import welcome_proof
 from hotspare.protocol.messages import Message, make
 
 EXIT_FENCED = 3
+# what a worker says before it waits for an order: said again to a restarted service, in case the
+# crash lost it on the way (the coordinator takes each of them twice alike)
+WAITING = frozenset({"ready", "failed", "paused", "done"})
 BUFFER = 100_000          # messages kept while the service is away (the oldest go first beyond)
 RETRY_S = 0.25            # between reconnection attempts
 CONNECT_TIMEOUT_S = 1.0   # an attempt that gets no answer in this long is a host that does not answer
@@ -74,6 +77,7 @@ class ServiceLink:
         self._channel: Channel | None = None
         self._lease: AgentLease | None = None
         self._buffer: collections.deque[Message] = collections.deque(maxlen=BUFFER)
+        self._waiting: dict[str, Message] = {}     # worker -> its relayed WAITING message, if its last
         self._lock = threading.Lock()
         self._away_since: float | None = None
         self.on_fence: Callable[[str], None] = lambda why: None
@@ -119,19 +123,30 @@ class ServiceLink:
             replayed = len(self._buffer)
             while self._buffer:
                 ch.send(self._buffer.popleft())
-            if resumed:
+            if resumed:     # what was in flight when the service died is lost: say again what each waits on
+                for msg in self._waiting.values():
+                    ch.send(msg)
                 ch.send(make("resumed", job=self.job.job, alive=self.alive()))
             self._channel, self._away_since = ch, None
         lease.start()
         if replayed:
             self.say(f"replayed {replayed} message(s) kept while the coordinator was away")
         threading.Thread(target=self._read, args=(ch, lease), name="agent-service-link", daemon=True).start()
+        if not resumed:
+            self._waiting.clear()
         if self.job is not None and not resumed:
             self.on_fence(f"the coordinator did not resume job {self.job.job} on this node")
 
     # ------------------------------------------------------------------ the link
     def send(self, msg: Message) -> None:
         with self._lock:
+            if msg["type"] == "relay":
+                if msg["msg"]["type"] in WAITING:
+                    self._waiting[msg["worker"]] = msg
+                else:
+                    self._waiting.pop(msg["worker"], None)
+            elif msg["type"] == "exited":
+                self._waiting.pop(msg["worker"], None)
             if self._channel is not None:
                 try:
                     self._channel.send(msg)
@@ -193,6 +208,12 @@ class ServiceLink:
                 return
             time.sleep(RETRY_S)
 
+    def end_job(self) -> None:
+        """This node's part of the current job is over: back to the pool."""
+        with self._lock:
+            self.alive, self.job = (lambda: []), None
+            self._waiting.clear()
+
     def _lease_ran_out(self, silent: float) -> None:
         if self.job is not None:
             self.on_fence(f"lease ran out ({silent:.1f} s since the last answered renewal was sent)")
@@ -234,7 +255,7 @@ def serve_pool(link: ServiceLink, cmd_python: str, base_env: dict[str, str], spa
         agent.wait_closed()
         if link.fenced.is_set():
             break
-        link.alive, link.job = (lambda: []), None
+        link.end_job()
         link.send(make("released", job=job.job))
         link.say(f"job {job.job}: this node's part ended; waiting for the next job")
     return EXIT_FENCED

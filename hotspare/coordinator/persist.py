@@ -102,6 +102,8 @@ def capture(coord) -> dict[str, Any]:
         "format": FORMAT,
         "view": encode(coord.view),
         "ledger": encode(coord.ledger),
+        # the open failure records are records of ``failures`` too (the same objects): by index
+        "open": [next(i for i, f in enumerate(coord.ledger.failures) if f is o) for o in coord.ledger.open],
         "workers": encode(list(nodes.workers.values())),
         "nodes": {n.name: {"devices": n.devices, "lost": n.lost, "lost_at": n.lost_at, "pid": n.pid,
                            "device_faults": n.device_faults, "workers": sorted(n.workers)}
@@ -125,6 +127,7 @@ def restore(coord, state: dict[str, Any]) -> list[str]:
     # The coordinator's parts share these objects: replace their contents, not the objects.
     for f in dataclasses.fields(ClusterView):
         setattr(coord.view, f.name, getattr(view, f.name))
+    ledger.open = [ledger.failures[i] for i in state["open"]]
     for f in dataclasses.fields(Ledger):
         setattr(coord.ledger, f.name, getattr(ledger, f.name))
     nodes = coord.nodes

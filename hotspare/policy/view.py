@@ -58,6 +58,8 @@ class ClusterView:
 def observe(view: ClusterView, sig: Signal) -> None:
     """Record the facts of ``sig`` in ``view`` (no decisions here)."""
     if isinstance(sig, WorkerReady):
+        if sig.worker in view.ready_workers:
+            return           # said again (an agent repeats it to a restarted coordinator): nothing new
         view.ready_workers.add(sig.worker)
         if sig.role == "spare":
             view.starting = max(0, view.starting - 1)

@@ -56,3 +56,21 @@ def test_a_type_outside_the_list_is_not_written_either():
         persist.encode(Other())
     worker = Worker("w0", "a", "active", 0, "a/cpu0", pid=7)
     assert persist.decode(persist.encode(worker)) == worker
+
+
+def test_an_open_failure_is_the_same_record_as_the_reports_after_a_restore():
+    """The ledger closes a failure through its open list: after a restore that must still be the
+    report's record, not a copy (a restarted service's failover must show in the report)."""
+    from hotspare.coordinator import Coordinator
+    from hotspare.coordinator.nodes import Nodes
+
+    def coordinator():
+        ledger = Ledger({})
+        return Coordinator(Nodes(job="j1"), None, ClusterView(world_size=2, target_spares=1), ledger, log=lambda s: None)
+
+    before = coordinator()
+    rec = before.ledger.member_lost(1, "j1.w1", -9, 5.0, 10, None, False, True)
+    assert before.ledger.open == [rec]
+    after = coordinator()
+    persist.restore(after, json.loads(json.dumps(persist.capture(before))))
+    assert after.ledger.open[0] is after.ledger.failures[0]

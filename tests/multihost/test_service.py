@@ -47,7 +47,8 @@ def assert_equal(row, report, reference, failures, log):
     assert report["final_state_digest"] == reference, "the run diverged from the one-host run"
     assert report["replicas_consistent"] and report["steps_completed"] == STEPS
     assert report["steps_repeated"] == 0 and report["steps_lost"] == 0
-    assert report["failures_total"] == failures and report["recovered_zero_loss"] == failures, log
+    assert report["failures_total"] == failures and report["recovered_zero_loss"] == failures, \
+        f"{report['failures']}\n{log}"
 
 
 def test_coordinator_killed_and_restarted_mid_run_with_a_rank_lost_while_it_was_away(cluster, reference4):
@@ -132,3 +133,24 @@ def test_a_partitioned_host_fences_itself_while_the_service_fails_it_over(cluste
     assert report["nodes"]["hostb"]["lost"]
     assert {f["rank"] for f in report["failures"]} == {2, 3}
     assert all(f["kind"] == "node lost" for f in report["failures"])
+
+
+def test_the_service_killed_in_the_middle_of_a_failover(cluster, reference4):
+    """The service dies the moment it has seen a rank die: before, during or just after its
+    decision (whichever this run hits). What it decided was written before any agent acted on
+    it, what was in flight is said again by the agents, and orders are repeated: the failover
+    completes once it is back, exactly once."""
+    for host in ("hosta", "hostb"):
+        cluster.start_agent(host)
+    cluster.start_agent("hostc", spare=True)
+    job = cluster.submit(2, 2, 1, str(EXAMPLE), ARGS, run_args=["--log-every", "10", "--hang-floor", "30"])
+    cluster.log.wait_for(rf"\[{job}\] step\s+100/", 120)
+    (victim,) = cluster.worker_pids("hostb", rank=2)
+    os.kill(victim, signal.SIGKILL)
+    cluster.log.wait_for(rf"\[{job}\] FAILED  rank 2", 30)
+    cluster.kill_service()
+    restarted = cluster.start_service()
+    row, report = cluster.wait_job(job)
+    assert_equal(row, report, reference4, 1, restarted.text())
+    (failure,) = report["failures"]
+    assert failure["rank"] == 2 and failure["recovery_path"] == "memory" and failure["lost_steps"] == 0
