@@ -226,7 +226,8 @@ class Nodes:
             raise ProtocolError(f"node {node.name!r} re-registers for job {str(hello.get('job'))[:64]!r}, "
                                 f"not {self.job!r}")
         alive = hello.get("alive")
-        if not isinstance(alive, list) or not set(alive) <= node.workers:
+        if (not isinstance(alive, list) or not all(isinstance(w, str) for w in alive)
+                or not set(alive) <= node.workers):
             raise ProtocolError(f"node {node.name!r} re-registers with workers this coordinator did not place there")
         node.channel, node.pid = channel, hello["pid"]
         node.missing = {w for w in node.workers if self.workers[w].exit_code is None} - set(alive)
