@@ -107,13 +107,15 @@ def test_resume_from_a_checkpoint_continues_bitwise(reference, tmp_path):
 
 
 def test_corrupt_checkpoint_is_refused_before_anything_starts(tmp_path):
-    r = run_job(["--model", "tiny", "--steps", "12"], extra=["--checkpoint-dir", str(tmp_path),
+    r = run_job(["--model", "tiny", "--steps", "60"], extra=["--checkpoint-dir", str(tmp_path),
                                                              "--checkpoint-every", "10"])
     assert r.code == 0, r.output
-    # Every checkpoint damaged (steps 0 and 10): --resume falls back past a damaged newest one
+    # Every checkpoint damaged: --resume falls back past a damaged newest one
     # (tests/checkpoint/test_checkpoint_faults.py), so with none valid it must refuse to start.
+    # (A checkpoint that falls due while the previous one is still being written waits for the
+    # next step after it: which steps got one depends on the disk, not how many at least.)
     steps = sorted(p for p in tmp_path.iterdir() if p.name.startswith("step-"))
-    assert [p.name for p in steps] == ["step-000000000", "step-000000010"]
+    assert len(steps) >= 2, [p.name for p in steps]      # the newest ones are kept
     for step in steps:
         data = next(p for p in step.iterdir() if p.suffix == ".distcp")
         raw = bytearray(data.read_bytes())
