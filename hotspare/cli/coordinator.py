@@ -23,6 +23,8 @@ example (this host 10.0.0.1 on the cluster's private network; the same secret fi
       --nodes 2 --nproc-per-node 2 --spares 1 --wait -- train.py
   hotspare status --coordinator 10.0.0.1:29400 --secret-file ~/.hotspare/secret
 
+SIGTERM or SIGINT stops the service the way a crash would, only tidily: the running jobs train on
+without it and are resumed when it is started again with the same --state.
 exit status: 0 after SIGTERM / SIGINT; 2 for bad input."""
 
 
