@@ -66,7 +66,7 @@ def _one_size(rank: int, store, name: str, repeats: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from hotspare.transfer import broadcast_state
+    from statecopy import copy_state
     reg, params = _model(name, rank)
     if rank == 0:
         store.set(f"manifest/{name}", json.dumps(reg.snapshot().manifest(0)))
@@ -78,14 +78,7 @@ def _one_size(rank: int, store, name: str, repeats: int) -> dict:
         dist.broadcast(flat, src=0)
 
     def hotspare() -> None:                         # what StateSync.send / .receive do
-        if rank == 0:
-            broadcast_state([t.detach() for _, t in reg.snapshot().tensors], src=0, group=None, is_source=True,
-                            receivers=[1])
-        else:
-            dsts, needs = reg.prepare_receive(manifest)
-            broadcast_state(dsts, src=0, group=None, is_source=False, receivers=[1])
-            with torch.no_grad():
-                reg.finish_receive(manifest, dsts, needs)
+        copy_state(reg, manifest, rank)
 
     times: dict[str, list[float]] = {"raw": [], "hotspare": []}
     for i in range(repeats):

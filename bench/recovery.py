@@ -94,8 +94,9 @@ def _transfer_worker(rank: int, port: int, model: str, reps: int, out: str) -> N
     sys.path.insert(0, str(REPO / "examples"))
     from gpt_stdlib import GPT, PRESETS
 
+    from statecopy import copy_state
+
     from hotspare.runtime.state import StateRegistry
-    from hotspare.transfer import broadcast_state
 
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
@@ -121,14 +122,7 @@ def _transfer_worker(rank: int, port: int, model: str, reps: int, out: str) -> N
         raw.append(time.perf_counter() - t0)
         dist.barrier()
         t0 = time.perf_counter()
-        if rank == 0:                                 # exactly what Job._sync_state does
-            broadcast_state([t.detach() for _, t in reg.snapshot().tensors], src=0, group=None, is_source=True,
-                            receivers=[1])
-        else:
-            dsts, needs = reg.prepare_receive(manifest)
-            broadcast_state(dsts, src=0, group=None, is_source=False, receivers=[1])
-            with torch.no_grad():
-                reg.finish_receive(manifest, dsts, needs)
+        copy_state(reg, manifest, rank)               # exactly what a recovery's StateSync does
         hs.append(time.perf_counter() - t0)
     if rank == 1:
         json.dump({"bytes": nbytes, "hotspare_s": hs, "raw_s": raw}, open(out, "w"))
