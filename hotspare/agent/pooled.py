@@ -67,9 +67,10 @@ class JobUplink:
 
 class ServiceLink:
     def __init__(self, address: str, secret: bytes, node: str, devices: list[str], spare: bool,
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], device_faults: bool = False):
+        """``device_faults``: this host carries out injected device faults (``NodeTelemetry.injectable``)."""
         self.address, self._secret, self.node, self.devices, self.spare = address, secret, node, devices, spare
-        self.say = say
+        self.say, self.device_faults = say, device_faults
         self.job: JobUplink | None = None
         self.alive: Callable[[], list[str]] = lambda: []
         self.assignments: "queue.Queue[Message]" = queue.Queue()
@@ -91,7 +92,7 @@ class ServiceLink:
         hello_at = time.monotonic()        # the lease counts from before the hello went out
         job = self.job.job if self.job is not None else ""
         ch = auth.connect(self.address, auth.NODE, auth.node_key(self._secret), timeout=timeout, node=self.node,
-                          pid=os.getpid(), devices=self.devices, device_faults=False, nonce=nonce,
+                          pid=os.getpid(), devices=self.devices, device_faults=self.device_faults, nonce=nonce,
                           spare=self.spare, job=job, alive=self.alive() if job else [])
         try:
             ch.sock.settimeout(auth.CHALLENGE_WAIT_S)
@@ -220,8 +221,10 @@ class ServiceLink:
 
 
 def serve_pool(link: ServiceLink, cmd_python: str, base_env: dict[str, str], spawn: str,
-               worker_env: Callable[[Message], dict[str, str]]) -> int:
-    """Work for the service at ``link``: each assigned job in turn, until fenced (EXIT_FENCED)."""
+               worker_env: Callable[[Message], dict[str, str]], telemetry=None) -> int:
+    """Work for the service at ``link``: each assigned job in turn, until fenced (EXIT_FENCED).
+    ``telemetry``: this host's (``hotspare.agent.telemetry.NodeTelemetry``), polled for each job
+    as often as its ``assign`` says; it also gives each job's agent its fault plug-in, if allowed."""
     holder: list[NodeAgent] = []
     fence_reason: list[str] = []
 
@@ -247,12 +250,16 @@ def serve_pool(link: ServiceLink, cmd_python: str, base_env: dict[str, str], spa
             continue
         env = worker_env(msg)
         agent = NodeAgent([cmd_python, msg["script"], *msg["args"]], env, link.address, link._secret,
-                          node=link.node, devices=list(msg["devices"]), spawn=spawn,
-                          uplink=job)  # type: ignore[arg-type]
+                          node=link.node, devices=list(msg["devices"]), spawn=spawn, uplink=job,  # type: ignore[arg-type]
+                          faults=telemetry.job_faults() if telemetry is not None else None)
         holder.append(agent)
         link.alive = agent.alive
         link.say(f"job {job.job}: {len(msg['devices'])} device slot(s), {msg['script']}")
+        if telemetry is not None:
+            telemetry.start(agent, msg.get("telemetry_period"))
         agent.wait_closed()
+        if telemetry is not None:
+            telemetry.stop()
         if link.fenced.is_set():
             break
         link.end_job()

@@ -66,14 +66,17 @@ def worker_env(welcome: Message, base: dict[str, str], say) -> dict[str, str]:
 
 
 def _serve_pool(ch: Channel, registered: Message, hello_at: float, coordinator: str, secret: bytes, node: str,
-                devices: list[str], spare: bool, spawn: str, say) -> int:
+                devices: list[str], spare: bool, spawn: str, say, telemetry: NodeTelemetry) -> int:
     from hotspare.agent.pooled import ServiceLink, serve_pool
-    link = ServiceLink(coordinator, secret, node, devices, spare, say)
+    link = ServiceLink(coordinator, secret, node, devices, spare, say, device_faults=telemetry.injectable)
     link.attach(ch, registered, hello_at)
     say(f"registered with the coordinator service at {coordinator}: {len(devices)} device slot(s)"
         + (", a spare host" if spare else "") + f", lease {registered['lease']:g} s")
-    return serve_pool(link, sys.executable, dict(os.environ), spawn,
-                      lambda assign: worker_env(assign, dict(os.environ), say))
+    try:
+        return serve_pool(link, sys.executable, dict(os.environ), spawn,
+                          lambda assign: worker_env(assign, dict(os.environ), say), telemetry)
+    finally:
+        telemetry.close()
 
 
 class LeasedUplink:
@@ -136,7 +139,7 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
     try:
         ch = auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=node, pid=os.getpid(),
                           devices=devices, nonce=nonce, spare=spare, job="", alive=[],
-                          device_faults=telemetry.faults is not None and telemetry.faults.device_faults)
+                          device_faults=telemetry.injectable)
     except OSError as e:
         raise ConfigError(f"cannot reach the coordinator at {coordinator}: {e}") from None
     welcome = ch.recv(any_version=True)     # a refusal of a coordinator of another version, too
@@ -144,8 +147,7 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
         if not hmac.compare_digest(welcome_proof(secret, node, nonce), welcome["proof"]):
             ch.close()
             raise ProtocolError(f"{coordinator} could not prove it holds the secret; not working for it")
-        telemetry.close()          # a service's jobs run without device telemetry (docs/DEPLOY.md)
-        return _serve_pool(ch, welcome, hello_at, coordinator, secret, node, devices, spare, spawn, say)
+        return _serve_pool(ch, welcome, hello_at, coordinator, secret, node, devices, spare, spawn, say, telemetry)
     if welcome is None or welcome["type"] != "welcome":
         why = welcome["message"] if welcome and welcome["type"] == "refused" else "it closed the link"
         ch.close()
@@ -172,7 +174,7 @@ def serve(coordinator: str, secret: bytes, node: str, devices: list[str], spawn:
     lease = AgentLease(float(welcome["lease"]), send=ch.send, fence=fence, granted_at=hello_at)
     uplink = LeasedUplink(ch, lease, on_refused)
     agent = NodeAgent(cmd, env, coordinator, secret, node=node, devices=devices, spawn=spawn,
-                      uplink=uplink, faults=telemetry.faults)  # type: ignore[arg-type]   # a Channel's send/recv/close
+                      uplink=uplink, faults=telemetry.job_faults())  # type: ignore[arg-type]   # a Channel's send/recv/close
     holder.append(agent)
     telemetry.start(agent, welcome.get("telemetry_period"))     # --- telemetry: the period is the launcher's
     lease.start()

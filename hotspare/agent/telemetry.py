@@ -68,24 +68,35 @@ def wire(reading: Reading) -> dict[str, Any] | None:
 
 
 class NodeTelemetry:
-    """This host's telemetry for its agent: ``start(agent, period)`` once the agent runs,
-    ``close()`` at the end. ``faults``: the fault plug-in for the agent (``allow_inject``), its
-    device faults driving the simulated source; None otherwise."""
+    """This host's telemetry for its agent: ``start(agent, period)`` once a job's agent runs,
+    ``stop()`` when its part of the job ends (a pooled agent works for one job after another),
+    ``close()`` at the end. ``allow_inject``: each job's agent gets the fault plug-in
+    (``job_faults``), its device faults driving the simulated source."""
 
     def __init__(self, node: str, devices: list[str], say: Callable[[str], None], allow_inject: bool = False):
         self.node, self.devices, self.say = node, list(devices), say
         self.source, self.detail = node_source(node, self.devices)
         self.poller: Poller | None = None
         self._report: Callable[..., None] | None = None
-        self.faults = None
-        if allow_inject:            # a testing plug-in, loaded only when this host's operator allows it
-            from hotspare.testing.faults import AgentFaults
-            self.faults = AgentFaults(self.device_fault if self.device_faults else None)
+        self.allow_inject = allow_inject
 
     @property
     def device_faults(self) -> bool:
         """Can injected device faults drive this node's telemetry? (simulated devices only)"""
         return isinstance(self.source, SimulatedSource)
+
+    @property
+    def injectable(self) -> bool:
+        """Does this node carry out injected device faults? (what its hello says)"""
+        return self.allow_inject and self.device_faults
+
+    def job_faults(self):
+        """The fault plug-in for one job's agent (``hotspare.testing.faults.AgentFaults``, its
+        own armed faults), or None when this host's operator did not allow injection."""
+        if not self.allow_inject:
+            return None
+        from hotspare.testing.faults import AgentFaults     # a testing plug-in, loaded only when allowed
+        return AgentFaults(self.device_fault if self.device_faults else None)
 
     def start(self, agent, period: Any) -> None:
         """Poll every ``period`` seconds (the welcome's ``telemetry_period``) and send the
@@ -95,11 +106,17 @@ class NodeTelemetry:
         wanted = type(period) in (int, float) and period > 0
         if self.source is None or not wanted:
             self.say(self.detail if self.source is None
-                     else f"{self.detail}; not polled: the launcher's telemetry is off")
+                     else f"{self.detail}; not polled: the job's telemetry is off")
             return
         self.poller = Poller(self.source, self.send, period_s=float(period))
         self.poller.start()
         self.say(f"{self.detail}; polled every {float(period):g} s, sent to the coordinator")
+
+    def stop(self) -> None:
+        """The job's part on this node ended: no more polls for it."""
+        if self.poller is not None:
+            self.poller.stop()
+            self.poller = None
 
     def send(self, readings: list[Reading]) -> None:
         """The readings of this node's own slots, up to the coordinator."""
@@ -136,7 +153,6 @@ class NodeTelemetry:
         self.say(f"FAULT   {fault}: the simulated telemetry of {device} now reads it")
 
     def close(self) -> None:
-        if self.poller is not None:
-            self.poller.stop()
+        self.stop()
         if self.source is not None:
             self.source.close()

@@ -10,7 +10,9 @@ DESCRIPTION = """\
 Run the coordinator service: node agents of every host register with it (`hotspare agent
 --coordinator ADDR:PORT [--spare]`), `hotspare submit` queues jobs, and the service places
 each job on free hosts, runs its coordinator (membership, generations, spares, failover) and
-keeps everything it knows in an SQLite database in --state DIR. Killed (even kill -9) and
+keeps everything it knows in an SQLite database in --state DIR, the health of every host's
+devices too (`hotspare health --db DIR/coordinator.db` shows it; each job's hosts poll their
+devices and run their checks, and placement uses only devices in service). Killed (even kill -9) and
 started again with the same --state, it resumes the jobs that were running: their workers
 train on meanwhile (the coordinator is needed only for membership changes), their agents
 re-register, and a failure that happened while it was away is handled once it is back."""
@@ -41,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a node whose renewals stop is lost after SECONDS + --lease-margin (default 3)")
     p.add_argument("--lease-margin", type=float, default=1.0, metavar="SECONDS",
                    help="the wait beyond the lease, time for a cut-off agent to fence itself (default 1)")
+    p.add_argument("--allow-inject", action="store_true",
+                   help="jobs may load the fault plug-in (submit --inject / --allow-inject, then `hotspare inject "
+                        "--coordinator ADDR:PORT --job JOB SPEC`): for drills and tests, never in production")
     p.set_defaults(func=run)
 
 
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         if not 0 < args.node_lease <= 3600 or not 0 <= args.lease_margin <= 3600:
             raise ConfigError("--node-lease must be in (0, 3600] s and --lease-margin in [0, 3600] s")
         service = Service(host, port, auth.load_secret(args.secret_file), args.secret_file, args.state,
-                          lease=args.node_lease, margin=args.lease_margin, log=log)
+                          lease=args.node_lease, margin=args.lease_margin, log=log, allow_inject=args.allow_inject)
     except (ConfigError, OSError) as e:
         print(f"hotspare coordinator: error: {e}", file=sys.stderr)
         return 2

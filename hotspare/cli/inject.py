@@ -1,4 +1,5 @@
-"""``hotspare inject``: send a fault to a running job (``hotspare run``), for drills and tests."""
+"""``hotspare inject``: send a fault to a running job (``hotspare run``, or a job of the
+coordinator service), for drills and tests."""
 from __future__ import annotations
 
 import argparse
@@ -17,13 +18,16 @@ examples:
   hotspare inject ecc:rank=2:kind=uncorrectable # failover from a healthy replica
   hotspare inject kill:rank=0                   # SIGKILL rank 0 at its next step
   hotspare inject --job 127.0.0.1:40123 corrupt:rank=3
+  hotspare inject --coordinator 10.0.0.1:29400 --secret-file S --job j3 thermal:rank=2:temp=92
 
 {grammar}
 
 The job is found from its run file (~/.hotspare/runs/PID.json, or $HOTSPARE_RUN_DIR); with
 several jobs running, name one with --job PID or --job HOST:PORT (its log prints `control:`).
 The run file (yours only, 0600) also holds the token the job asks for; a job on another host,
-or one whose run file you cannot read, needs the job's --secret-file.
+or one whose run file you cannot read, needs the job's --secret-file. A job of the coordinator
+service (`hotspare coordinator --allow-inject`, the job submitted with --allow-inject): give
+--coordinator and the service's --secret-file (or $HOTSPARE_SECRET_FILE), and --job its id.
 exit status: 0 armed; 1 refused by the job or no job reachable; 2 bad command line."""
 
 
@@ -36,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job", metavar="PID|HOST:PORT", help="which running job (default: the only one)")
     p.add_argument("--secret-file", metavar="FILE",
                    help="the job's secret (the file given to its `hotspare run --secret-file`), when its run "
-                        "file does not hold the token")
+                        "file does not hold the token; with --coordinator, the service's")
+    p.add_argument("--coordinator", metavar="ADDR:PORT",
+                   help="the job is one of the coordinator service at ADDR:PORT; --job names it (j1, j2, ...)")
     p.set_defaults(func=run)
 
 
@@ -77,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     from hotspare.errors import ConfigError, ProtocolError
     try:
         parse(args.spec, running=True)            # refuse a malformed spec before connecting
+        if args.coordinator:
+            return _service_job(args)
         address = _address(args.job)
         token = _token(address, args.secret_file)
     except ConfigError as e:
@@ -93,3 +101,21 @@ def run(args: argparse.Namespace) -> int:
     print(("hotspare inject: " if reply["ok"] else "hotspare inject: refused: ") + reply["message"],
           file=sys.stdout if reply["ok"] else sys.stderr)
     return 0 if reply["ok"] else 1
+
+
+def _service_job(args: argparse.Namespace) -> int:
+    """The fault, through the coordinator service, to its job ``--job``."""
+    import os
+
+    from hotspare.cli.jobs import ENV_SECRET, request
+    from hotspare.errors import ConfigError
+    if not args.job:
+        raise ConfigError("--coordinator needs --job JOB (the job's id, from `hotspare status`)")
+    args.secret_file = args.secret_file or os.environ.get(ENV_SECRET)
+    try:
+        reply = request(args, "inject", job=args.job, spec=args.spec)
+    except LookupError as e:
+        print(f"hotspare inject: {e}", file=sys.stderr)
+        return 1
+    print(f"hotspare inject: {reply['message']}")
+    return 0

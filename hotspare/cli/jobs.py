@@ -16,11 +16,12 @@ Queue a training job with the coordinator service (`hotspare coordinator`). It i
 (`hotspare agent --spare`), and runs as `hotspare run` would: failover without rollback, the
 same worker contract. The script must be at the same path on every host, and on the service's.
 Every flag of `hotspare run` that shapes a job is taken as it is there (checkpoints, hang
-detection, capacity, the health vote); --secret-file is the service's secret, --report with
+detection, capacity, the health vote, --telemetry-period and --admission for its hosts'
+devices, --telemetry off for none); --secret-file is the service's secret, --report with
 --wait writes the job's report. Those that name hosts or the launcher itself (--listen,
---remote-nodes, --local-nodes, --master-addr, --master-port, --devices, --inject,
---allow-inject) are refused: the service sets them. Device telemetry of a service's job is off
-for now (docs/DEPLOY.md)."""
+--remote-nodes, --local-nodes, --master-addr, --master-port, --devices, --health-db) are
+refused: the service sets them. --inject and --allow-inject are refused unless the service
+runs with --allow-inject."""
 
 COMMON_EPILOG = """\
 the coordinator and secret default to $HOTSPARE_COORDINATOR and $HOTSPARE_SECRET_FILE.
@@ -115,12 +116,9 @@ def job_request(args: argparse.Namespace) -> dict:
 
     from hotspare.config import RunConfig, from_namespace, to_argv
     from hotspare.errors import ConfigError
+    from hotspare.service.runner import owned_flags
     cfg = from_namespace(RunConfig, argparse.Namespace(**{**vars(args), "launch.secret_file": None}))
-    owned = [flag for flag, given in (
-        ("--listen", cfg.hosts.listen), ("--remote-nodes", cfg.hosts.remote_nodes),
-        ("--local-nodes", cfg.launch.local_nodes is not None), ("--master-addr", cfg.launch.master_addr),
-        ("--master-port", cfg.launch.master_port), ("--inject", cfg.faults.inject),
-        ("--allow-inject", cfg.faults.allow_inject), ("--devices", cfg.health.devices is not None)) if given]
+    owned = owned_flags(cfg)          # the service checks them again (and the fault plug-in's)
     if owned:
         raise ConfigError(f"{', '.join(owned)}: the coordinator service sets these for the job")
     if not 1 <= args.nodes <= 4096:
@@ -182,7 +180,9 @@ def status(args: argparse.Namespace) -> int:
                   f"{hosts or '-'}" + (f"  {j['message'].splitlines()[0]}" if j["message"] else ""))
         print(f"\n{'HOST':<16} {'SLOTS':>5} {'SPARE':>5}  STATE")
         for h in reply["hosts"]:
-            print(f"{h['name']:<16} {len(h['devices']):>5} {'yes' if h['spare'] else 'no':>5}  {h['state']}")
+            out = h.get("out_of_service") or {}
+            print(f"{h['name']:<16} {len(h['devices']):>5} {'yes' if h['spare'] else 'no':>5}  {h['state']}"
+                  + (f"  out of service: {', '.join(f'{d} ({state})' for d, state in out.items())}" if out else ""))
         return 0
     return _run("status", body)
 

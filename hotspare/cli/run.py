@@ -13,7 +13,7 @@ from hotspare.cli.preflight import Preflight, preflight
 from hotspare.config import RunConfig, add_arguments, from_namespace
 from hotspare.errors import ConfigError
 from hotspare.protocol.workerenv import without_contract
-from hotspare.service.build import checkpoint_dir, control_plane, injecting, job_env
+from hotspare.service.build import control_plane, injecting, job_env
 
 DESCRIPTION = """\
 Run a training script on NPROC worker processes plus SPARES warm spares, torchrun-style.
@@ -268,10 +268,9 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
         return None, None, None, None
     import tempfile
 
-    from hotspare.coordinator.health import HealthMonitor
     from hotspare.health.registry import ENV_PATH, Registry
-    from hotspare.health.rulefile import load_rules
     from hotspare.health.telemetry import NvmlSource, Poller, SimulatedSource
+    from hotspare.service.build import health_desk
 
     slots, remote = cfg.slots, bool(cfg.hosts.remote_nodes)
     source = None
@@ -297,15 +296,14 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
     # background, outside the registry's lock, within a second of a change and every 30 s.
     from hotspare.health.reconcile import SlurmReconciler
     reconciler = SlurmReconciler.from_mode(registry, "auto")
-    rules = pre.rules or load_rules()
 
     def reset(device: str) -> None:        # what a GPU reset does to the simulated device
         if isinstance(source, SimulatedSource):
             source.clear(device)
 
     # Admission and quarantine diagnostics run on the node agents (hotspare.agent.checks).
-    monitor = HealthMonitor(rules, registry, devices, log=log, poll=source.poll if source is not None else None,
-                            reset=reset, admission=h.admission, adopt=remote)
+    monitor = health_desk(cfg, pre, registry, log, devices, poll=source.poll if source is not None else None,
+                          reset=reset, adopt=remote)
     from hotspare.coordinator.events import Readings
     poller = None if source is None else Poller(source, lambda readings: events.put(Readings(readings, time.time())),
                                                 period_s=h.telemetry_period)
@@ -315,7 +313,7 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
                  "admission and quarantine checks")
         if not (h.health_db or os.environ.get(ENV_PATH)):
             here += " (this run's registry only: --health-db FILE keeps their record across jobs)"
-    log(f"health: {here}; rules {', '.join(rules.sources)}; device registry {db} (hotspare health --db {db})")
+    log(f"health: {here}; rules {', '.join(monitor.rules.sources)}; device registry {db} (hotspare health --db {db})")
     return monitor, source, poller, reconciler
 
 

@@ -33,10 +33,10 @@ from hotspare.coordinator.execute import Executor
 from hotspare.coordinator.ledger import Ledger
 from hotspare.coordinator.messages import WorkerMessages
 from hotspare.coordinator.nodes import Nodes, refuse
+from hotspare.coordinator.preempt import Preemption
 from hotspare.coordinator.progress import Progress
 from hotspare.coordinator.trust import check_claims
 from hotspare.errors import ConfigError, ProtocolError
-from hotspare.health.registry import RegistryError
 from hotspare.policy import decide as policy
 from hotspare.policy import hang
 from hotspare.policy.phase import JobPhase
@@ -72,10 +72,9 @@ class Coordinator:
         self.hang_floor, self.hang_factor = settings.hang_floor, settings.hang_factor
         self.join_timeout = join_timeout = settings.join_timeout
         self.checkpoint_dir = checkpoint_dir
-        self.preempt_timeout = settings.preempt_timeout
         checkpoint_key = settings.checkpoint_key
-        self.preempted: tuple[str, int, float] | None = None   # (signal, exit code, deadline)
-        self._preempt_asked = False             # ... and a survivor was asked for the last checkpoint
+        self.preemption = Preemption(view, settings.preempt_timeout, checkpoint_dir, self._signal_actions,
+                                     self._stop_now, log)
         self.progress = Progress(at=time.time())
         self.vetter = CheckpointVetter(checkpoint_key, ledger, log)
         self.health = health                    # coordinator.health.HealthMonitor, or None
@@ -85,7 +84,6 @@ class Coordinator:
                                  join_timeout, health)
         self.debug = bool(os.environ.get("HOTSPARE_DEBUG"))
         self._health_said: set[tuple] = set()
-        self._operator_polled = 0.0
         self._next_tick = 0.0
         # event type -> its handler; plug-ins add listeners, which run after it (``listen``)
         self._events: dict[type, Callable[[Any], None]] = {
@@ -239,6 +237,7 @@ class Coordinator:
             listener(event)
 
     def _node_connected(self, e: ev.NodeConnected) -> None:
+        back = e.node in self.nodes.detached()     # after a restart: an agent it knew re-registers
         try:
             node = self.nodes.add(e.hello, e.channel)
         except ProtocolError as err:
@@ -246,8 +245,14 @@ class Coordinator:
             refuse(e.channel, "agent_hello", str(err))
             return
         slots = f"{len(node.devices)} device slot(s)" if node.devices else "no device slots"
-        self.log(f"NODE    {e.node}: agent pid {node.pid} connected, {slots}")
-        if self.health is not None:
+        self.log(f"NODE    {e.node}: agent pid {node.pid} " + ("re-registered" if back else f"connected, {slots}"))
+        if self.health is None:
+            return
+        if back:
+            ranks = {r: wp.device for r, w in self.view.members.items()
+                     if (wp := self.nodes.workers[w]).node == node.name and wp.device is not None}
+            self.health.node_resumed(node.name, node.devices, ranks)
+        else:
             self.health.node_connected(node.name, node.devices)
 
     def _node_resumed(self, e: ev.NodeResumed) -> None:
@@ -324,18 +329,11 @@ class Coordinator:
         """``limit``: the hang threshold for the steps seen so far (``policy.hang.threshold``)."""
         if not self.view.phase.active:
             return
-        if self.preempted is not None and self._preempt_progress(now):
+        if self.preemption.active and self.preemption.progress(now):
             return
-        if self.health is not None and now - self._operator_polled >= 1.0:
-            self._operator_polled = now
-            try:
-                requests = self.health.operator_requests()
-            except RegistryError as e:          # e.g. out of file descriptors for a moment
-                self.log(f"HEALTH  operator commands not read this time: {e}")
-                requests = []
-            for verdict in requests:
-                self.log(f"OPERATOR {verdict.device}: {verdict.reason}")
-                self._act_on(verdict, now, "registry")
+        for verdict in self.health.operator_requests(now) if self.health is not None else ():
+            self.log(f"OPERATOR {verdict.device}: {verdict.reason}")
+            self._act_on(verdict, now, "registry")
         self.executor.place_waiting()
         activity = tuple(
             hang.RankActivity(r, self.nodes.workers[w].last_step, self.progress.reducing.get(r),
@@ -451,40 +449,11 @@ class Coordinator:
         e.reply(handler(e.msg, e.origin))
 
     def _preempt(self, e: ev.Preempt) -> None:
-        """SIGTERM or SIGINT to the launcher: a survivor writes a last checkpoint from memory
-        (as when capacity runs out), then the job stops with ``code``; at most
-        ``preempt_timeout`` seconds."""
-        if self.view.phase.over or self.preempted is not None:
+        """SIGTERM or SIGINT to the launcher: stop after a last checkpoint (``preempt``)."""
+        if self.view.phase.over or self.preemption.active:
             return
-        signame, t = e.signal, e.t
-        self.preempted = (signame, e.code, t + self.preempt_timeout)
-        self.executor.preempt_code = e.code
-        what = "interrupted by the user" if signame == "SIGINT" else "terminated"
-        reason = f"{what} ({signame}): stopping after a last checkpoint."
-        self.log(f"STOPPING {signame} received: every rank leaves its step; the lowest survivor writes a last "
-                 f"checkpoint to {self.checkpoint_dir} (at most {self.preempt_timeout:.0f} s)")
-        live = [r for r in self.view.members if r not in self.view.lost]
-        if not self.view.phase.active or not live:
-            self._stop_now(f"{what} ({signame}) before any rank held state to checkpoint.", t)
-            return
-        self.view.stopping = reason
-        if self.view.phase is JobPhase.RUNNING:
-            self._signal_actions((policy.AbortGeneration(self.view.generation, tuple(sorted(live))),), reason, t)
-        self._preempt_progress(t)
-
-    def _preempt_progress(self, now: float) -> bool:
-        """Once every survivor has reported, ask the lowest to checkpoint; past the deadline,
-        stop without one. True when the job was stopped."""
-        _, _, deadline = self.preempted
-        if now >= deadline:
-            self._stop_now(f"{self.view.stopping} No checkpoint was written within {self.preempt_timeout:.0f} s.", now)
-            return True
-        live = set(self.view.members) - self.view.lost
-        if (self.view.phase is JobPhase.RECOVERING and live and live <= set(self.view.reports)
-                and not self._preempt_asked):
-            self._preempt_asked = True
-            self._signal_actions((policy.CheckpointNow(min(live), self.view.stopping),), self.view.stopping, now)
-        return False
+        self.executor.preempt_code = e.code      # the job's stop, whichever way, is a preemption
+        self.preemption.start(e.signal, e.code, e.t)
 
     # ------------------------------------------------------------------ health
     def _readings(self, e: ev.Readings) -> None:

@@ -29,13 +29,14 @@ from typing import Callable
 from hotspare.coordinator.events import DeviceChecked
 from hotspare.health import types as T
 from hotspare.health.lifecycle import State
-from hotspare.health.registry import Registry
+from hotspare.health.registry import Registry, RegistryError
 from hotspare.health.rules import FleetState, RuleSet, apply_fleet_policies, evaluate, worst
 from hotspare.health.types import Reading, Verdict
 from hotspare.protocol.messages import Message, make
 
 EVENT_METRICS = (T.FINGERPRINT_MISMATCH, T.NONFINITE)   # one-off runtime events
 STRAGGLER_WINDOW = 10      # steps of compute time per rank behind one straggler score
+OPERATOR_POLL_S = 1.0      # operator commands are looked for in the registry this often
 RECORD_EVERY_S = 1.0       # readings reach the registry at most this often: one write for every node's polls
 
 
@@ -76,6 +77,7 @@ class HealthMonitor:
         self._tell: Callable[[str, Message], bool] | None = None
         self._stopping = False    # the job is stopping: start no diagnostics (running ones answer)
         self._revision = 0         # the registry's revision last seen (operator commands)
+        self._operator_polled = 0.0
         self._said: dict[str, str] = {}
         for d in self.devices:
             self.registry.ensure(d)
@@ -115,6 +117,21 @@ class HealthMonitor:
                 if not self._command(node, make("admit", devices=group, size=self.admission)):
                     self.admitting.difference_update(group)
                     self.log(f"ADMISSION {', '.join(group)}: node {node} is gone; not admitted")
+        for d in mine:
+            if self.registry.get(d).state == State.QUARANTINED:
+                self._start_diagnostics(d)
+
+    def node_resumed(self, node: str, devices: list[str], ranks: dict[int, str]) -> None:
+        """After the coordinator restarted, the agent of a node it knew re-registered: its
+        devices are watched again (no admission: they are at work), ``ranks`` (rank -> device)
+        run there, and a quarantined device is diagnosed again from its first pass (a pass in
+        flight when the coordinator went is not waited for)."""
+        if self.adopt:
+            self._adopt(node, devices)
+        mine = [d for d in devices if d in self.devices and self.owner.setdefault(d, node) == node]
+        for rank, device in ranks.items():
+            if device in mine:
+                self.rank_device[rank] = device
         for d in mine:
             if self.registry.get(d).state == State.QUARANTINED:
                 self._start_diagnostics(d)
@@ -272,10 +289,20 @@ class HealthMonitor:
                 out.append(Reading(dev, t, "runtime", {metric: True}, rank=rank))
         return out
 
-    def operator_requests(self) -> list[Verdict]:
+    def operator_requests(self, now: float | None = None) -> list[Verdict]:
         """Operator commands given while the job runs (``hotspare drain DEVICE``): a drained
         device whose rank still runs there gets that rank live-migrated off it. (A cordon alone
-        only stops new work, as in Kubernetes.)"""
+        only stops new work, as in Kubernetes.) With ``now``: at most once every
+        ``OPERATOR_POLL_S``, and a registry that cannot be read this time is said and skipped."""
+        if now is not None:
+            if now - self._operator_polled < OPERATOR_POLL_S:
+                return []
+            self._operator_polled = now
+            try:
+                return self.operator_requests()
+            except RegistryError as e:          # e.g. out of file descriptors for a moment
+                self.log(f"HEALTH  operator commands not read this time: {e}")
+                return []
         self._revision, changed = self.registry.changed_since(self._revision)
         out = []
         for rec in changed:

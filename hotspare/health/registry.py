@@ -7,12 +7,14 @@ time it entered it, the transition history (the newest ``HISTORY_KEEP``), the la
 telemetry source, the diagnostics passes in a row since quarantine, remediation timestamps (for the
 repeat-offender rule), and the rank/job on the device.
 
-Safety: every write takes an exclusive ``fcntl`` lock on ``<path>.lock``, re-reads the file, applies
-the change, writes a temporary file in the same directory, fsyncs it and ``os.replace``s it over the
-old one, so concurrent writers (the coordinator, CLI calls) never lose each other's updates and a
-reader (which takes no lock) sees either the old file or the new one, never a half-written one. A
-file that is not valid registry JSON, or that a newer hotspare wrote, raises ``RegistryError``; it is
-never reset silently.
+Where it is kept (``hotspare.health.regstore``): a JSON file, or, for a path ending in ``.db``, a
+table of that SQLite database (the coordinator service keeps its devices' health in its own
+database this way). Safety: every write is an exclusive transaction that re-reads the registry,
+applies the change and writes it back whole (a file: to a temporary file, fsynced and
+``os.replace``d; SQLite: ``BEGIN IMMEDIATE`` ... ``COMMIT``), so concurrent writers (the
+coordinator, CLI calls) never lose each other's updates and a reader (which takes no lock) sees
+either the old registry or the new one, never a half-written one. A registry that is not valid
+registry JSON, or that a newer hotspare wrote, raises ``RegistryError``; it is never reset silently.
 
 Change detection: the file carries a ``revision`` that every write increments, and each device
 record the revision of its last change, so a poller asks ``changed_since(last_revision)``. The
@@ -30,10 +32,8 @@ import contextlib
 import copy
 import dataclasses
 import difflib
-import fcntl
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from hotspare.errors import ConfigError, HotspareError, InvalidTransition
 from hotspare.health import lifecycle
 from hotspare.health.lifecycle import IN_SERVICE, OUT_OF_SERVICE, State
+from hotspare.health.regstore import StoreError, store_for
 from hotspare.health.records import (DeviceRecord, LastReading, check_device_name, new_record, out_by_node,
                                      record_from_json, storable)
 from hotspare.health.types import Reading
@@ -94,6 +95,7 @@ class Registry:
         if passes_required < 1:
             raise ConfigError(f"passes_required must be at least 1, got {passes_required}")
         self.path = Path(path).expanduser() if path is not None else default_path()
+        self.store = store_for(self.path)          # a JSON file, or a table of a SQLite database
         self.passes_required = passes_required
         self.clock = clock
         self._cache: tuple[str, dict[str, Any]] | None = None
@@ -127,14 +129,16 @@ class Registry:
                                 f"({type(e).__name__}: {e}); {fix}") from None
         return data
 
-    def _read(self) -> dict[str, Any]:
-        """The file's content, parsed again only when its text changed. Do not mutate it."""
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+    def _read(self, text: str | None = None) -> dict[str, Any]:
+        """The registry's content (``text``: as just read), parsed again only when its text
+        changed. Do not mutate it."""
+        if text is None:
+            try:
+                text = self.store.read()
+            except StoreError as e:
+                raise RegistryError(f"health registry {self.path}: {e}") from None
+        if text is None:
             return _empty()
-        except (OSError, UnicodeDecodeError) as e:
-            raise RegistryError(f"cannot read health registry {self.path}: {e}") from None
         if self._cache is not None and self._cache[0] == text:
             return self._cache[1]
         data = self._parse(text)
@@ -179,48 +183,22 @@ class Registry:
     # --- writing -------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, Any]]:
-        """Exclusive lock; yields a fresh copy of the file to mutate; writes it back atomically.
+        """Exclusive lock; yields a fresh copy of the registry to mutate; writes it back atomically.
 
         Nothing is written when the body leaves the data unchanged or raises.
         """
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(self.path.with_name(self.path.name + ".lock"), "a")
-        except OSError as e:
-            raise RegistryError(f"cannot open the lock of health registry {self.path}: {e}") from None
-        with lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            before = self._read()
-            data = copy.deepcopy(before)
-            yield data
-            if data != before:
-                self._write(data)
-
-    def _write(self, data: dict[str, Any]) -> None:
-        text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
-        try:
-            mode = self.path.stat().st_mode & 0o777
-        except FileNotFoundError:
-            mode = 0o644
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        with contextlib.suppress(OSError):      # make the rename itself durable
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        self._cache = (text, data)
+            with self.store.exclusive() as tx:
+                text = tx.read()
+                before = _empty() if text is None else self._read(text)
+                data = copy.deepcopy(before)
+                yield data
+                if data != before:
+                    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+                    tx.write(text)
+                    self._cache = (text, data)
+        except StoreError as e:
+            raise RegistryError(f"health registry {self.path}: {e}") from None
 
     @contextlib.contextmanager
     def _update(self) -> Iterator[dict[str, Any]]:

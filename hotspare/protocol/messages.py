@@ -102,6 +102,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     # a job placed on the node, and the agent's word that it resumed a job after the service
     # restarted (its replayed messages went first) or that it ended its part of one
     "registered": {"lease": _NUM, "proof": _STR, "job": _STR},
+    # optional "telemetry_period", as in the welcome
     "assign": {"job": _STR, "script": _STR, "args": _LIST, "env": _DICT, "devices": _LIST},
     "resumed": {"job": _STR, "alive": _LIST},
     "released": {"job": _STR},

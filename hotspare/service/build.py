@@ -34,6 +34,17 @@ def checkpoint_dir(cfg: RunConfig) -> str:
     return os.path.abspath(cfg.checkpoint.checkpoint_dir or "hotspare-checkpoints")
 
 
+def health_desk(cfg: RunConfig, pre: Preflight, registry, log, devices=(), poll=None, reset=None,
+                adopt: bool = False):
+    """The job's health desk (``coordinator.health.HealthMonitor``) over the device ``registry``:
+    the rules (--health-rules, else the defaults), --admission; ``devices``: this host's, polled
+    by ``poll``; ``adopt``: remote hosts' devices join as their agents connect."""
+    from hotspare.coordinator.health import HealthMonitor
+    from hotspare.health.rulefile import load_rules
+    return HealthMonitor(pre.rules or load_rules(), registry, list(devices), log=log, poll=poll, reset=reset,
+                         admission=cfg.health.admission, adopt=adopt)
+
+
 def control_plane(cfg: RunConfig, pre: Preflight, events: "queue.Queue", health, log, job: str = ""):
     """The ledger, the cluster view and the coordinator, their settings taken from the config
     here and nowhere else; ``job``: the job's id in the coordinator service (its worker ids

@@ -26,19 +26,46 @@ from hotspare.service.db import StateDB
 
 SAVE_EVERY_S = 1.0
 START_TIMEOUT_S = 60.0
+FINISH_CHECKS_S = 30.0    # a job's end waits this long at most for the device checks running on its hosts
 REJOIN_SLACK_S = 1.0      # beyond lease + margin, for the agents' reconnection attempts
 
 
-def run_config(request: dict[str, Any], listen_host: str, secret_file: str) -> RunConfig:
+# `hotspare run` flags a submitted job may not set: the service sets them (hosts, addresses,
+# the launcher), or allows them only when its operator does (the fault plug-in).
+def owned_flags(cfg: RunConfig) -> list[str]:
+    """The service's flags that a job's own configuration ``cfg`` sets."""
+    return [flag for flag, given in (
+        ("--listen", cfg.hosts.listen), ("--remote-nodes", cfg.hosts.remote_nodes),
+        ("--local-nodes", cfg.launch.local_nodes is not None), ("--master-addr", cfg.launch.master_addr),
+        ("--master-port", cfg.launch.master_port), ("--devices", cfg.health.devices is not None),
+        ("--secret-file", cfg.launch.secret_file), ("--health-db", cfg.health.health_db)) if given]
+
+
+def injecting_flags(cfg: RunConfig) -> list[str]:
+    return [flag for flag, given in (("--inject", cfg.faults.inject), ("--allow-inject", cfg.faults.allow_inject))
+            if given]
+
+
+def run_config(request: dict[str, Any], listen_host: str, secret_file: str, allow_inject: bool = False) -> RunConfig:
     """The job's typed configuration from a ``submit`` request: its own flags (as `hotspare run`
-    takes them), the world size, and the service's part (the hosts are remote, the store binds
-    the service's address, the service's secret)."""
+    takes them; those the service owns are refused, the fault plug-in's unless the service was
+    started with --allow-inject), the world size, and the service's part (the hosts are remote,
+    the store binds the service's address, the service's secret)."""
+    world = int(request["nodes"]) * int(request["nproc_per_node"])
+    own = _parse([*request["run_args"], "--", request["script"], *request["args"]])
+    refused = owned_flags(own) + ([] if allow_inject else injecting_flags(own))
+    if refused:
+        why = ("the service sets these for the job" if not set(refused) & {"--inject", "--allow-inject"} else
+               "the service sets the hosts' flags; the fault plug-in needs `hotspare coordinator --allow-inject`")
+        raise ConfigError(f"the job's flags: {', '.join(refused)}: {why}")
+    return _parse([*request["run_args"], "--nproc", str(world), "--spares", str(int(request["spares"])),
+                   "--local-nodes", "0", "--remote-nodes", str(int(request["nodes"])), "--listen", f"{listen_host}:0",
+                   "--secret-file", secret_file, "--", request["script"], *request["args"]])
+
+
+def _parse(argv: list[str]) -> RunConfig:
     parser = argparse.ArgumentParser(prog="hotspare submit", add_help=False, exit_on_error=False)
     add_arguments(parser, RunConfig)
-    world = int(request["nodes"]) * int(request["nproc_per_node"])
-    argv = [*request["run_args"], "--nproc", str(world), "--spares", str(int(request["spares"])),
-            "--local-nodes", "0", "--remote-nodes", str(int(request["nodes"])), "--listen", f"{listen_host}:0",
-            "--secret-file", secret_file, "--telemetry", "off", "--", request["script"], *request["args"]]
     try:
         ns, unknown = parser.parse_known_args(argv)
     except argparse.ArgumentError as e:
@@ -50,16 +77,23 @@ def run_config(request: dict[str, Any], listen_host: str, secret_file: str) -> R
 
 class JobRunner:
     def __init__(self, job: str, cfg: RunConfig, db: StateDB, store: dict[str, Any], lease: float, margin: float,
-                 log: Callable[[str], None], on_end: Callable[["JobRunner"], None]):
+                 log: Callable[[str], None], on_end: Callable[["JobRunner"], None], registry=None):
+        """``registry``: the service's device registry (``hotspare.health.registry``, in its
+        database); the job's health desk watches its hosts' devices there, unless the job's
+        --telemetry is off (or no registry is given)."""
         from hotspare.cli.preflight import preflight
+        from hotspare.service.build import control_plane, health_desk
         self.job, self.cfg, self.db, self.store = job, cfg, db, store
         self.lease, self.margin = lease, margin
         self.events: "queue.Queue" = queue.Queue()
         self.log = lambda line: log(f"[{job}] {line}")
         self._on_end = on_end
         self.pre = preflight(cfg)
-        from hotspare.service.build import control_plane
-        self.ledger, self.coord = control_plane(cfg, self.pre, self.events, None, self.log, job=job)
+        watched = registry is not None and cfg.health.telemetry != "off"
+        self.health = health_desk(cfg, self.pre, registry, self.log, adopt=True) if watched else None
+        # how often its hosts' agents poll their devices and send the readings (0: not at all)
+        self.telemetry_period = cfg.health.telemetry_period if watched else 0.0
+        self.ledger, self.coord = control_plane(cfg, self.pre, self.events, self.health, self.log, job=job)
         self.coord.command("cancel", self._cancel)
         self.coord.journal = lambda: self._save(force=True)
         self.nodes: list[str] = []          # where it was placed, in placement order
@@ -122,7 +156,13 @@ class JobRunner:
         except Exception as e:                 # one job's failure must not end the service
             code, message = 1, f"{type(e).__name__}: {e}"
             self.log(f"job failed in the coordinator: {message}")
+        # Device checks still running on its hosts finish first (a device that passes goes back
+        # to the pool), unless the job was cancelled.
+        coord.finish_checks(0.0 if self.cancelled else FINISH_CHECKS_S)
         coord.stop_nodes(grace=10.0)
+        if self.health is not None:
+            self.ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
+                                   for r in self.health.registry.devices() if r.device in self.health.devices]
         self.ledger.nodes = coord.nodes.describe()
         report = self.ledger.report()
         self.code = code

@@ -9,8 +9,13 @@ after a crash (``kill -9``) it comes back from there: the jobs that were running
 their agents re-register (their workers trained on meanwhile), the queue is kept.
 
 One listener serves both kinds of peer, each proven with the shared secret: node agents
-(``agent_hello``, then a lease) and clients (``request``: submit, status, cancel). A host works
-for one job at a time; a node's events go to the queue of the job it is placed on (``_route``).
+(``agent_hello``, then a lease) and clients (``request``: submit, status, cancel, and inject
+where the service allows the fault plug-in). A host works for one job at a time; a node's
+events go to the queue of the job it is placed on (``_route``).
+
+Device health is kept in the same database (``hotspare.health.registry`` in a table of it):
+each job's health desk watches its hosts' devices (their agents poll them and run their
+checks), and placement gives a job only devices in service.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from hotspare.coordinator import events as ev
 from hotspare.coordinator.lease import Leases
 from hotspare.coordinator.nodes import NodeEndpoint, refuse
 from hotspare.errors import ConfigError, ProtocolError
+from hotspare.health.lifecycle import IN_SERVICE
 from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.lease import welcome_proof
@@ -38,6 +44,7 @@ from hotspare.service.placement import Host, place
 from hotspare.service.runner import JobRunner, run_config
 
 MAX_QUEUED = 1000
+JOB_ANSWER_S = 10.0       # a running job answers an operator command within this long
 
 
 @dataclass
@@ -50,10 +57,18 @@ class _Pooled:
 
 class Service:
     def __init__(self, host: str, port: int, secret: bytes, secret_file: str, state_dir: str,
-                 lease: float = 3.0, margin: float = 1.0, log: Callable[[str], None] = print):
+                 lease: float = 3.0, margin: float = 1.0, log: Callable[[str], None] = print,
+                 allow_inject: bool = False):
+        """``allow_inject``: jobs may load the fault plug-in (submit --inject / --allow-inject)."""
+        from hotspare.health.reconcile import SlurmReconciler
+        from hotspare.health.registry import Registry
         self.host, self.secret, self.secret_file = host, secret, os.path.abspath(secret_file)
-        self.lease, self.margin, self.log = lease, margin, log
+        self.lease, self.margin, self.log, self.allow_inject = lease, margin, log, allow_inject
         self.db = StateDB(state_dir)
+        # Device health lives in the same database: every job's health desk, and `hotspare
+        # health --db DIR/coordinator.db`, read and write it there. Slurm follows it.
+        self.registry = Registry(self.db.path)
+        self.reconciler = SlurmReconciler.from_mode(self.registry, "auto")
         self.pool_events: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
         self.pool: dict[str, _Pooled] = {}
@@ -101,6 +116,8 @@ class Service:
         """Handle the pool's events until ``stop``."""
         self.log(f"coordinator service on {self.address}; state in {self.db.path}; node lease {self.lease:g} s "
                  f"+ margin {self.margin:g} s")
+        if self.reconciler is not None:
+            self.reconciler.start(log=self.log)
         self._place_queued()
         while not self._stop.is_set():
             try:
@@ -108,6 +125,8 @@ class Service:
             except queue.Empty:
                 continue
             self._pool_event(event)
+        if self.reconciler is not None:
+            self.reconciler.stop(log=self.log)
         return 0
 
     def stop(self) -> None:
@@ -188,7 +207,7 @@ class Service:
     def _place_queued(self) -> None:
         for row in self.db.jobs((states.QUEUED,)):
             with self._lock:
-                free = [p.host for p in self.pool.values()]
+                free = [self.in_service(p.host) for p in self.pool.values()]
             where = place(free, int(row.request["nodes"]), int(row.request["nproc_per_node"]),
                           int(row.request["spares"]))
             if where is None:
@@ -212,19 +231,27 @@ class Service:
             self.log(f"[{row.id}] placed: ranks on {', '.join(hosts)}"
                      + (f", spares on {', '.join(spare_hosts)}" if spare_hosts else ", no spare host yet"))
 
+    def in_service(self, host: Host) -> Host:
+        """``host`` with only its devices that may take work (the registry's state of each)."""
+        def usable(device: str) -> bool:
+            rec = self.registry.find(device)
+            return rec is None or rec.state in IN_SERVICE
+        return Host(host.name, tuple(d for d in host.devices if usable(d)), host.spare)
+
     def _assign(self, runner: JobRunner, names: list[str], spare_host: bool, per_node: int | None = None) -> None:
         for name in names:
             with self._lock:
                 pooled = self.pool.pop(name)
                 self.assigned[name] = runner.job
-            devices = list(pooled.host.devices[:per_node] if per_node else pooled.host.devices)
+            usable = self.in_service(pooled.host).devices
+            devices = list(usable[:per_node] if per_node else usable)
             if name not in runner.nodes:
                 runner.nodes.append(name)
             runner.spare_hosts[name] = len(devices) if spare_host else 0
             try:
                 pooled.channel.send(make("assign", job=runner.job, script=runner.cfg.script,
                                          args=list(runner.cfg.script_args), env=runner.worker_env,
-                                         devices=devices))
+                                         devices=devices, telemetry_period=runner.telemetry_period))
             except OSError:
                 pass                         # its link closed: the job's coordinator sees it lost
             self.db.host_state(name, f"job {runner.job}")
@@ -232,8 +259,9 @@ class Service:
                                                time.time()))
 
     def _runner(self, job: str, request: dict[str, Any], store: dict[str, Any]) -> JobRunner:
-        cfg = run_config(request, self.host, self.secret_file)
-        return JobRunner(job, cfg, self.db, store, self.lease, self.margin, self.log, self._job_ended)
+        cfg = run_config(request, self.host, self.secret_file, self.allow_inject)
+        return JobRunner(job, cfg, self.db, store, self.lease, self.margin, self.log, self._job_ended,
+                         registry=self.registry)
 
     def _job_ended(self, runner: JobRunner) -> None:
         """From the job's thread: its hosts go back to the pool, its store goes."""
@@ -305,7 +333,7 @@ class Service:
                 jobs = [j for j in jobs if j["id"] == job]
                 if not jobs:
                     raise ConfigError(f"no job {str(job)[:64]!r}")
-            return make("control_reply", ok=True, message=f"{len(jobs)} job(s)", jobs=jobs, hosts=self.db.hosts(),
+            return make("control_reply", ok=True, message=f"{len(jobs)} job(s)", jobs=jobs, hosts=self._hosts(),
                         report=self.db.report(job) if job is not None else None)
         if command == "cancel":
             job = str(args["job"])
@@ -322,7 +350,28 @@ class Service:
                 raise ConfigError(f"job {job} has {row.state}")
             self.log(f"CLIENT  {origin} cancelled {job}")
             return make("control_reply", ok=True, message=f"job {job} cancelled")
-        raise ConfigError(f"unknown command {command[:32]!r}: submit, status or cancel")
+        if command == "inject":
+            return self._to_job(str(args["job"]), {"type": "inject", "spec": str(args["spec"])[:1000]}, origin)
+        raise ConfigError(f"unknown command {command[:32]!r}: submit, status, cancel or inject")
+
+    def _hosts(self) -> list[dict[str, Any]]:
+        """Every host the service knows, with its devices out of service (the registry's)."""
+        out = {r.device: r.state.value for r in self.registry.devices() if r.state not in IN_SERVICE}
+        return [{**h, "out_of_service": {d: out[d] for d in h["devices"] if d in out}} for h in self.db.hosts()]
+
+    def _to_job(self, job: str, msg: Message, origin: str) -> Message:
+        """An operator command for a running job's coordinator (``Coordinator.command``); its answer."""
+        with self._lock:
+            runner = self.runners.get(job)
+        if runner is None:
+            row = self.db.job(job)
+            raise ConfigError(f"no job {job[:64]!r}" if row is None else f"job {job} is not running ({row.state})")
+        answer: "queue.Queue[Message]" = queue.Queue()
+        runner.events.put(ev.OperatorCommand(msg, origin, answer.put, time.time()))
+        try:
+            return answer.get(timeout=JOB_ANSWER_S)
+        except queue.Empty:
+            raise ConfigError(f"job {job} did not answer within {JOB_ANSWER_S:g} s") from None
 
     def _submit(self, args: dict[str, Any], origin: str) -> Message:
         request = {"script": str(args["script"]), "args": [str(a) for a in args["args"]],
@@ -333,7 +382,7 @@ class Service:
         if len(self.db.jobs((states.QUEUED,))) >= MAX_QUEUED:
             raise ConfigError(f"{MAX_QUEUED} jobs are queued already")
         from hotspare.cli.preflight import preflight
-        preflight(run_config(request, self.host, self.secret_file))   # refuse a bad job now, not when placed
+        preflight(run_config(request, self.host, self.secret_file, self.allow_inject))  # refuse a bad job now
         job = self.db.next_job_id()
         self.db.submit(job, request)
         self.db.event(f"submitted by {origin}", job)

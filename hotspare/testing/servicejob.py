@@ -21,9 +21,10 @@ PORT = 29500
 
 class ServiceCluster:
     def __init__(self, net: Hosts, secret_file: str, state_dir: str, lease: float = 2.0, margin: float = 1.0,
-                 env: dict[str, str] | None = None, echo: bool = False):
+                 env: dict[str, str] | None = None, echo: bool = False, allow_inject: bool = False):
+        """``allow_inject``: the service and every agent load the fault plug-in (`hotspare inject`)."""
         self.net, self.secret_file, self.state_dir = net, secret_file, state_dir
-        self.lease, self.margin, self.echo = lease, margin, echo
+        self.lease, self.margin, self.echo, self.allow_inject = lease, margin, echo, allow_inject
         self.env = {"PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)), "OMP_NUM_THREADS": "1", **(env or {})}
         self.address = f"{net.hub_addr}:{PORT}"
         self.services: list[Output] = []
@@ -42,7 +43,8 @@ class ServiceCluster:
 
     def start_service(self) -> Output:
         cmd = [sys.executable, "-m", "hotspare", "coordinator", "--listen", self.address, "--state", self.state_dir,
-               "--secret-file", self.secret_file, "--node-lease", str(self.lease), "--lease-margin", str(self.margin)]
+               "--secret-file", self.secret_file, "--node-lease", str(self.lease), "--lease-margin", str(self.margin),
+               *(["--allow-inject"] if self.allow_inject else [])]
         out = self._popen(self.net.hub, cmd, f"service{len(self.services)}")
         self.services.append(out)
         out.wait_for(r"coordinator service on", 60)
@@ -56,7 +58,8 @@ class ServiceCluster:
 
     def start_agent(self, host: str, devices: int = 2, spare: bool = False) -> Output:
         cmd = [sys.executable, "-m", "hotspare", "agent", "--coordinator", self.address, "--secret-file",
-               self.secret_file, "--devices", f"cpu:{devices}", "--name", host, *(["--spare"] if spare else [])]
+               self.secret_file, "--devices", f"cpu:{devices}", "--name", host, *(["--spare"] if spare else []),
+               *(["--allow-inject"] if self.allow_inject else [])]
         out = self._popen(self.net[host].ns, cmd, host)
         self.agents[host] = out
         self.log.wait_for(rf"NODE    {host}: registered", 60)
@@ -75,6 +78,12 @@ class ServiceCluster:
                            str(spares), *run_args, "--", script, *script_args)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout.split()[2]              # "hotspare submit: j1 queued"
+
+    def inject(self, job: str, spec: str) -> str:
+        """`hotspare inject` into the service's ``job``; what it printed."""
+        done = self.client("inject", "--job", job, spec)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
 
     def status(self, job: str | None = None) -> dict:
         done = self.client("status", *([job] if job else []), "--json")

@@ -66,15 +66,26 @@ def test_the_poller_sends_the_slots_readings_and_a_pass_starts_with_a_reset_and_
         assert all(r["source"] == "simulated" for r in msg["readings"])
         assert any("SIMULATED" in line and "every 0.05 s" in line for line in lines), lines
         # the fault plug-in drives this host's simulated device
-        assert tel.faults is not None and tel.faults.device_faults and tel.device_faults
-        tel.faults.device_fault("hostb/cpu1", parse("thermal:rank=1:step=3:temp=92"))
+        faults = tel.job_faults()
+        assert faults is not None and faults.device_faults and tel.device_faults and tel.injectable
+        assert tel.job_faults() is not faults            # each job's agent arms its own faults
+        faults.device_fault("hostb/cpu1", parse("thermal:rank=1:step=3:temp=92"))
         deadline = time.time() + 10
         while True:
             temps = {r["device"]: r["metrics"]["temp_c"] for r in agent.sent.get(timeout=10)["readings"]}
             if temps["hostb/cpu1"] == 92.0 or time.time() > deadline:
                 break
         assert temps == {"hostb/cpu0": 55.0, "hostb/cpu1": 92.0}
-        tel.poller.stop()
+        tel.stop()                               # the job's part here ended: no more polls
+        assert tel.poller is None
+        time.sleep(0.2)
+        while not agent.sent.empty():
+            agent.sent.get()
+        assert agent.sent.empty()
+        tel.start(agent, 0.05)                   # the next job on this node polls again
+        assert agent.sent.get(timeout=10)["type"] == "readings"
+        tel.stop()
+        time.sleep(0.2)
         while not agent.sent.empty():
             agent.sent.get()
         assert agent.checks.prepare == tel.prepare
@@ -92,7 +103,7 @@ def test_no_polling_when_the_launcher_asks_for_none_and_no_plugin_unless_allowed
     tel = NodeTelemetry("hostb", SLOTS, lines.append)
     agent = FakeAgent()
     tel.start(agent, 0)
-    assert tel.poller is None and tel.faults is None and "not polled" in lines[-1]
+    assert tel.poller is None and tel.job_faults() is None and not tel.injectable and "not polled" in lines[-1]
     time.sleep(0.2)
     assert agent.sent.empty()
     tel.close()

@@ -1,5 +1,6 @@
 """The persisted device registry: what survives a restart, how pollers see changes, that separate
-processes writing at once lose nothing, and that a damaged file is refused, never reset."""
+processes writing at once lose nothing, and that a damaged file is refused, never reset. The
+core of it runs twice: in a JSON file and in a SQLite database (the coordinator service's)."""
 import json
 import math
 import os
@@ -30,7 +31,14 @@ def reg_path(tmp_path):
     return tmp_path / "registry" / "health.json"
 
 
-def test_everything_survives_a_new_process_view(reg_path):
+@pytest.fixture(params=["health.json", "coordinator.db"])
+def any_path(request, tmp_path):
+    """A registry in a JSON file, or in a table of a SQLite database."""
+    return tmp_path / "registry" / request.param
+
+
+def test_everything_survives_a_new_process_view(any_path):
+    reg_path = any_path
     reg = Registry(reg_path, clock=Clock())
     reg.ensure("n1/gpu0")
     reg.record_reading(Reading("n1/gpu0", 50.0, "simulated", {"temp_c": 92.0, "xids": (79, 48)}, rank=3))
@@ -48,7 +56,8 @@ def test_everything_survives_a_new_process_view(reg_path):
     assert (again.rank, again.job) == (3, "job-a")
     assert again.remediations == (again.since,)       # a rule took it out of service
     assert again.node == "n1"
-    assert json.loads(reg_path.read_text())["devices"]["n1/gpu0"]["state"] == "cordoned"
+    if reg_path.suffix == ".json":
+        assert json.loads(reg_path.read_text())["devices"]["n1/gpu0"]["state"] == "cordoned"
 
 
 def test_default_path_follows_the_environment(monkeypatch, tmp_path):
@@ -180,15 +189,16 @@ READER = textwrap.dedent("""
     path, seconds = sys.argv[1], float(sys.argv[2])
     reg, reads, end = Registry(path), 0, time.time() + seconds
     while time.time() < end:
-        json.loads(open(path).read())      # raw: the file on disk is always complete JSON
+        if path.endswith(".json"):
+            json.loads(open(path).read())      # raw: the file on disk is always complete JSON
         reg.devices()
         reads += 1
     print(reads)
 """)
 
 
-def test_concurrent_writers_in_separate_processes_lose_nothing(reg_path, tmp_path):
-    writers, per = 4, 20
+def test_concurrent_writers_in_separate_processes_lose_nothing(any_path, tmp_path):
+    reg_path, writers, per = any_path, 4, 20
     Registry(reg_path).ensure("shared/gpu0")
     (tmp_path / "writer.py").write_text(WRITER)
     (tmp_path / "reader.py").write_text(READER)
@@ -212,8 +222,8 @@ def test_concurrent_writers_in_separate_processes_lose_nothing(reg_path, tmp_pat
     assert not [f for f in os.listdir(reg_path.parent) if f.endswith(".tmp")]
 
 
-def test_polling_an_unchanged_registry_does_not_reparse(reg_path, monkeypatch):
-    reg = Registry(reg_path)
+def test_polling_an_unchanged_registry_does_not_reparse(any_path, monkeypatch):
+    reg = Registry(any_path)
     reg.ensure("n1/gpu0")
     calls = []
     real = Registry._parse
@@ -222,3 +232,33 @@ def test_polling_an_unchanged_registry_does_not_reparse(reg_path, monkeypatch):
     for _ in range(200):
         reg.changed_since(reg.revision())
     assert calls == [] and time.perf_counter() - t0 < 2.0
+
+
+def test_a_damaged_registry_in_a_database_is_refused_never_reset(tmp_path):
+    import sqlite3
+    path = tmp_path / "coordinator.db"
+    Registry(path).ensure("a/gpu0")
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE health_registry SET doc = '{not json'")
+    reg = Registry(path)
+    with pytest.raises(RegistryError, match="is not valid JSON"):
+        reg.devices()
+    with pytest.raises(RegistryError):
+        reg.ensure("a/gpu1")
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT doc FROM health_registry").fetchone()[0] == "{not json"
+    other = tmp_path / "not-a.db"
+    other.write_text("plain text, not a database")
+    with pytest.raises(RegistryError, match="not-a.db: cannot"):
+        Registry(other).devices()
+
+
+def test_a_registry_shares_its_database_with_the_service_state(tmp_path):
+    from hotspare.service.db import StateDB
+    db = StateDB(tmp_path)
+    db.submit("j1", {"script": "x.py"})
+    reg = Registry(db.path)
+    reg.ensure("hostb/cpu0")
+    reg.cordon("hostb/cpu0", "hot", actor="rule:temp-limit")
+    assert db.job("j1").state == "queued"
+    assert Registry(db.path).get("hostb/cpu0").state is State.CORDONED

@@ -73,6 +73,8 @@ def test_coordinator_killed_and_restarted_mid_run_with_a_rank_lost_while_it_was_
     for host in ("hosta", "hostb", "hostc"):
         assert f"[{job}] NODE    {host}: resumed" in log
         assert "resuming job" in cluster.agents[host].text()
+        # and its devices are watched again (no admission: they are at work)
+        assert f"[{job}] HEALTH  node {host}: 2 device(s) watched" in log, log
     (failure,) = report["failures"]
     assert failure["rank"] == 3 and failure["kind"] == "SIGKILL" and failure["recovery_path"] == "memory"
     assert failure["replacement"] in {w["worker"] for w in report["nodes"]["hostc"]["workers"]}

@@ -59,6 +59,12 @@ def test_submit_status_cancel(service, secret_file):
     (job(script="/no/such/train.py"), "not found"),
     (job(nodes=0), "1..4096"),
     (job(run_args=["--no-such-flag"]), "unrecognized"),
+    # a client that skips `hotspare submit`'s own check meets the service's
+    (job(run_args=["--listen", "10.0.0.9:1"]), "--listen: the service sets"),
+    (job(run_args=["--master-port", "1234"]), "--master-port"),
+    (job(run_args=["--health-db", "/tmp/x.json"]), "--health-db"),
+    (job(run_args=["--inject", "kill:rank=0:step=1"]), "--inject: .*coordinator --allow-inject"),
+    (job(run_args=["--allow-inject"]), "--allow-inject: .*coordinator --allow-inject"),
 ])
 def test_a_bad_job_is_refused_with_its_reason_and_nothing_is_queued(service, secret_file, bad, why):
     c = cli(service, secret_file)
@@ -66,6 +72,23 @@ def test_a_bad_job_is_refused_with_its_reason_and_nothing_is_queued(service, sec
         request(c, "submit", **bad)
     assert request(c, "status")["jobs"] == []
     assert any("CLIENT  refused 'submit'" in line for line in service.lines)
+
+
+def test_a_running_jobs_commands_go_through_the_service_and_only_to_a_running_job(
+        tmp_path, secret_file):
+    lines = []
+    svc = Service("127.0.0.1", 0, auth.load_secret(secret_file), secret_file, str(tmp_path / "state"),
+                  log=lines.append, allow_inject=True)
+    try:
+        c = cli(svc, secret_file)
+        reply = request(c, "submit", **job(run_args=["--allow-inject"]))      # this service allows it
+        with pytest.raises(LookupError, match="job j1 is not running \\(queued\\)"):
+            request(c, "inject", job="j1", spec="kill:rank=0")
+        with pytest.raises(LookupError, match="no job 'j9'"):
+            request(c, "inject", job="j9", spec="kill:rank=0")
+        assert reply["job"] == "j1"
+    finally:
+        svc.stop()
 
 
 def test_strangers_are_refused_and_the_service_goes_on(service, secret_file, tmp_path, capfd):
@@ -94,3 +117,17 @@ def test_strangers_are_refused_and_the_service_goes_on(service, secret_file, tmp
     logged = capfd.readouterr().err
     assert "failed authentication (wrong or missing job secret)" in logged
     assert logged.count("refused a connection from 127.0.0.1") >= 4, logged
+
+
+def test_placement_gives_a_job_only_devices_in_service_and_status_says_which_are_out(service, secret_file):
+    from hotspare.service.placement import Host, place
+    reg = service.registry                       # the service's database holds device health
+    assert reg.path == service.db.path
+    reg.ensure("hostb/cpu0")
+    reg.cordon("hostb/cpu0", "temp 92 C", actor="rule:temp-limit")
+    hostb = service.in_service(Host("hostb", ("hostb/cpu0", "hostb/cpu1"), False))
+    assert hostb.devices == ("hostb/cpu1",)
+    assert place([hostb], 1, 2, 0) is None and place([hostb], 1, 1, 0) == (["hostb"], [])
+    service.db.host("hostb", ["hostb/cpu0", "hostb/cpu1"], False, "idle")
+    (row,) = request(cli(service, secret_file), "status")["hosts"]
+    assert row["out_of_service"] == {"hostb/cpu0": "cordoned"}
