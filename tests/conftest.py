@@ -1,5 +1,9 @@
 """Checkpoints are signed with a key file (hotspare/checkpoint/auth.py): the tests use one of
-their own, not the user's ~/.config/hotspare/checkpoint.key. Jobs they launch inherit it."""
+their own, not the user's ~/.config/hotspare/checkpoint.key. Jobs they launch inherit it.
+
+The Slurm integration is off unless a test turns it on (tests/health/test_slurm.py names its
+mode): a job of another test must not drain this machine's node, nor wait on a controller that
+the Slurm tests started and stopped (auto mode finds /etc/slurm/slurm.conf after them)."""
 import os
 import tempfile
 
@@ -7,6 +11,7 @@ import pytest
 
 _KEY_DIR = tempfile.mkdtemp(prefix="hotspare-test-key-")
 os.environ.setdefault("HOTSPARE_CHECKPOINT_KEY", os.path.join(_KEY_DIR, "checkpoint.key"))
+os.environ.setdefault("HOTSPARE_SLURM", "off")
 
 
 @pytest.fixture(scope="session")

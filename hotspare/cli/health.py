@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import textwrap
 import time
@@ -109,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _registry(args: argparse.Namespace) -> tuple[Registry, SlurmReconciler | None]:
     """The registry, and the reconciler that brings Slurm in line with it (None: Slurm off)."""
-    mode = args.slurm or os.environ.get(slurm_mod.ENV_MODE) or "auto"
+    mode = args.slurm or slurm_mod.mode_from_env()
     reg = Registry(args.db)
     return reg, SlurmReconciler.from_mode(reg, mode)
 

@@ -295,7 +295,8 @@ def _health_service(cfg: RunConfig, pre: Preflight, events: "queue.Queue", log):
     # Slurm follows the registry (drain a node with a device out of service): reconciled in the
     # background, outside the registry's lock, within a second of a change and every 30 s.
     from hotspare.health.reconcile import SlurmReconciler
-    reconciler = SlurmReconciler.from_mode(registry, "auto")
+    from hotspare.health.slurm import mode_from_env
+    reconciler = SlurmReconciler.from_mode(registry, mode_from_env())
 
     def reset(device: str) -> None:        # what a GPU reset does to the simulated device
         if isinstance(source, SimulatedSource):

@@ -14,7 +14,8 @@ last state. It runs after each write (the CLI commands) and periodically (``star
 Strict (``--slurm on``): a node Slurm does not know, or a failing ``scontrol``, is a
 ``SlurmError`` for the caller; the registry change stands either way (it is the desired state) and
 the error is recorded, to be retried. Not strict (``auto``): unknown nodes are skipped and
-failures become ``slurm: warning:`` notes.
+failures become ``slurm: warning:`` notes, and a controller that does not answer when the
+thread starts turns the reconciler off for the run (one warning; no reconcile waits on it).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import threading
 from typing import Iterable, Mapping
 
 from hotspare.health.registry import Registry
-from hotspare.health.slurm import SlurmError, SlurmNodes, node_reason, plan
+from hotspare.health.slurm import ENV_MODE, SlurmError, SlurmNodes, node_reason, plan
 
 ROUNDS = 3              # reconciles of one node while writers keep changing what it should be
 
@@ -39,6 +40,7 @@ class SlurmReconciler:
         self.registry, self.slurm = registry, slurm
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._off = False                   # start() found the controller not answering
 
     @classmethod
     def from_mode(cls, registry: Registry, mode: "str | SlurmNodes | None",
@@ -106,8 +108,15 @@ class SlurmReconciler:
     # ------------------------------------------------------------------ in the background
     def start(self, period_s: float = 30.0, check_s: float = 1.0, log=print) -> None:
         """Reconcile in a thread: within ``check_s`` of a registry write, and every ``period_s``
-        (a refused call is retried, a change made in Slurm by hand is seen)."""
+        (a refused call is retried, a change made in Slurm by hand is seen). Not strict, and the
+        controller does not answer (asked first, in the thread): a warning, and nothing more."""
         def loop() -> None:
+            if not self.strict and (why := self.slurm.unreachable()) is not None:
+                log(f"slurm: warning: the Slurm controller does not answer ({why}): nodes with a device "
+                    f"out of service are not drained in Slurm by this run (hotspare health --sync-slurm "
+                    f"does it later; ${ENV_MODE}=off silences this, =on makes it an error)")
+                self._off = True
+                return
             seen, waited = None, period_s
             while not self._stop.wait(check_s):
                 waited += check_s
@@ -126,6 +135,8 @@ class SlurmReconciler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
+        if self._off:
+            return
         try:
             self._report(self._reconcile(None), log)
         except Exception as e:  # noqa: BLE001

@@ -19,7 +19,9 @@ Enabling it (``SlurmNodes.from_mode``):
 * ``"auto"`` (the CLI's default, ``$HOTSPARE_SLURM`` overrides it): on when ``scontrol`` is on PATH
   and this host looks like part of a Slurm cluster (``$SLURM_CONF``, ``/etc/slurm/slurm.conf``,
   ``$SLURM_JOB_ID`` or ``$SLURM_CLUSTER_NAME``). Devices on nodes Slurm does not know are skipped,
-  and Slurm failures become warnings.
+  and Slurm failures become warnings. A job or service that finds the controller not answering
+  (``scontrol ping``) leaves Slurm alone for its whole run, with one warning, rather than wait on
+  every reconcile (``SlurmReconciler.start``).
 
 This module is the I/O (``SlurmNodes``: sinfo, scontrol) and the pure decisions (``node_reason``,
 ``plan``). The registry never calls it: the reconciler (``hotspare.health.reconcile``) brings Slurm
@@ -96,6 +98,11 @@ def plan(current: NodeState, want: str | None) -> str | None:
     return None
 
 
+def mode_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The Slurm mode where no ``--slurm`` says: ``$HOTSPARE_SLURM``, else ``"auto"``."""
+    return (os.environ if env is None else env).get(ENV_MODE) or "auto"
+
+
 class SlurmNodes:
     """Drain and resume Slurm nodes with ``scontrol``; read their state with ``sinfo``."""
 
@@ -135,15 +142,24 @@ class SlurmNodes:
             return cls(strict=True)
         return cls(strict=False) if cls.detected(env) else None
 
-    # --- commands ----------------------------------------------------------------------------
-    def _run(self, argv: list[str]) -> str:
+    def unreachable(self) -> str | None:
+        """Why the controller does not answer ``scontrol ping`` (None: it does)."""
         try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
+            out = self._run([self.scontrol, "ping"], timeout=min(self.timeout, 10.0))
+        except SlurmError as e:
+            return str(e)
+        return None if "is UP" in out else (" ".join(out.split()) or "scontrol ping printed nothing")
+
+    # --- commands ----------------------------------------------------------------------------
+    def _run(self, argv: list[str], timeout: float | None = None) -> str:
+        timeout = self.timeout if timeout is None else timeout
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         except FileNotFoundError:
             raise SlurmError(f"{argv[0]} not found on PATH: install Slurm's client tools (Debian: "
                              f"slurm-client) or turn the Slurm integration off (--slurm off)") from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"'{' '.join(argv)}' did not answer within {self.timeout:g} s; "
+            raise SlurmError(f"'{' '.join(argv)}' did not answer within {timeout:g} s; "
                              f"is slurmctld reachable? (scontrol ping)") from None
         if out.returncode != 0:
             err = (out.stderr or out.stdout).strip() or "(no output)"

@@ -61,6 +61,7 @@ class Service:
                  allow_inject: bool = False):
         """``allow_inject``: jobs may load the fault plug-in (submit --inject / --allow-inject)."""
         from hotspare.health.reconcile import SlurmReconciler
+        from hotspare.health.slurm import mode_from_env
         from hotspare.health.registry import Registry
         self.host, self.secret, self.secret_file = host, secret, os.path.abspath(secret_file)
         self.lease, self.margin, self.log, self.allow_inject = lease, margin, log, allow_inject
@@ -68,7 +69,7 @@ class Service:
         # Device health lives in the same database: every job's health desk, and `hotspare
         # health --db DIR/coordinator.db`, read and write it there. Slurm follows it.
         self.registry = Registry(self.db.path)
-        self.reconciler = SlurmReconciler.from_mode(self.registry, "auto")
+        self.reconciler = SlurmReconciler.from_mode(self.registry, mode_from_env())
         self.pool_events: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
         self.pool: dict[str, _Pooled] = {}

@@ -156,6 +156,7 @@ def test_auto_mode_is_on_where_slurm_is_configured(node):
     assert SlurmNodes.detected()
     assert SlurmNodes.from_mode("auto") is not None and not SlurmNodes.from_mode("auto").strict
     assert SlurmNodes.from_mode("off") is None
+    assert SlurmNodes().unreachable() is None            # the controller answers scontrol ping
     assert SlurmNodes.detected({"PATH": "/nonexistent"}) is False
 
 
@@ -185,3 +186,36 @@ def test_the_node_reason_names_the_first_device_and_counts_the_rest():
 ])
 def test_plan_only_undoes_its_own_drains(state, reason, want, action):
     assert plan(NodeState("n1", state, reason), want) == action
+
+
+def test_auto_mode_leaves_a_controller_that_does_not_answer_alone_for_the_run(tmp_path):
+    """A host with slurm.conf but no controller answering (a dead slurmctld, a config copied from
+    elsewhere): the run says so once, and neither its reconciles nor its end wait on Slurm."""
+    calls = tmp_path / "calls"
+    for tool in ("scontrol", "sinfo"):
+        (tmp_path / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {calls}\n"
+                                     "echo 'slurm_load_partitions: Unable to contact slurm controller' >&2\nexit 1\n")
+        (tmp_path / tool).chmod(0o755)
+    reg = Registry(tmp_path / "health.json")
+    reg.ensure("n1/cpu0")
+    reg.cordon("n1/cpu0", "thermal")
+    slurm = SlurmReconciler(reg, SlurmNodes(strict=False, scontrol=str(tmp_path / "scontrol"),
+                                            sinfo=str(tmp_path / "sinfo")))
+    said: list[str] = []
+    slurm.start(check_s=0.05, log=said.append)
+    time.sleep(0.3)
+    slurm.stop(log=said.append)
+    assert calls.read_text().splitlines() == ["scontrol ping"]       # asked once, then left alone
+    assert len(said) == 1 and "the Slurm controller does not answer" in said[0]
+    assert "Unable to contact slurm controller" in said[0] and "hotspare health --sync-slurm" in said[0]
+    # strict (--slurm on) keeps asking, and says what failed
+    strict = SlurmReconciler(reg, SlurmNodes(strict=True, scontrol=str(tmp_path / "scontrol"),
+                                             sinfo=str(tmp_path / "sinfo")))
+    with pytest.raises(SlurmError, match="Unable to contact slurm controller"):
+        strict.reconcile()
+
+
+def test_the_slurm_mode_comes_from_the_environment_where_no_flag_says():
+    from hotspare.health.slurm import mode_from_env
+    assert mode_from_env({}) == "auto"
+    assert mode_from_env({"HOTSPARE_SLURM": "off"}) == "off"

@@ -473,9 +473,13 @@ def test_a_job_whose_launcher_ran_out_of_file_descriptors_still_fails_over(tmp_p
         assert proc.poll() is None, "the job ended before the flood was over: make it longer"
         armed = subprocess.run([sys.executable, "-m", "hotspare", "inject", "kill:rank=1"],
                                capture_output=True, text=True, env=env, timeout=60)
-        if armed.returncode != 0:
-            lines += proc.stdout.readlines() if proc.poll() is not None else []
-        assert armed.returncode == 0, armed.stdout + armed.stderr + f"\njob exit {proc.poll()}, run files {[(f.name, f.read_text()[:300]) for f in (tmp_path / 'runs').glob('*')]}:\n" + "".join(lines[-30:])
+        if armed.returncode != 0:                     # the launcher's whole story, once it is over
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
+            proc.kill()
+            lines += proc.stdout.readlines()
+        assert armed.returncode == 0, (armed.stdout + armed.stderr + f"\njob exit {proc.poll()}, run files "
+                                       f"{[f.name for f in (tmp_path / 'runs').glob('*')]}:\n" + "".join(lines))
         r, out = finish(proc, lines, tmp_path)
     finally:
         proc.kill()
