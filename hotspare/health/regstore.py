@@ -66,7 +66,10 @@ class FileStore:
             mode = self.path.stat().st_mode & 0o777
         except FileNotFoundError:
             mode = 0o644
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        except OSError as e:                    # EMFILE, ENOSPC, a read-only directory
+            raise StoreError(f"cannot write it: {e}") from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -74,9 +77,11 @@ class FileStore:
                 os.fsync(f.fileno())
             os.chmod(tmp, mode)
             os.replace(tmp, self.path)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            if isinstance(e, OSError):
+                raise StoreError(f"cannot write it: {e}") from None
             raise
         with contextlib.suppress(OSError):      # make the rename itself durable
             dfd = os.open(self.path.parent, os.O_RDONLY)

@@ -153,10 +153,11 @@ def accept(ch: Channel, role: str | tuple[str, ...], key_for: Callable[[str], st
         kinds = " or ".join(repr(HELLOS[r][0]) for r in roles)
         raise AuthError(f"a {'/'.join(roles)} connection must begin with {kinds}, got {hello['type']!r}")
     kind, field = HELLOS[role]
-    keyed = key_for
     if len(roles) > 1:
         def keyed(identity: str) -> str | None:
             return key_for(role, identity)  # type: ignore[call-arg]
+    else:
+        keyed = key_for
     identity, given = hello.get(field), hello.get("proof")
     if not isinstance(identity, str) or not isinstance(given, str):
         raise AuthError(f"{kind!r} lacks {field!r} or its proof")

@@ -262,3 +262,31 @@ def test_a_registry_shares_its_database_with_the_service_state(tmp_path):
     reg.cordon("hostb/cpu0", "hot", actor="rule:temp-limit")
     assert db.job("j1").state == "queued"
     assert Registry(db.path).get("hostb/cpu0").state is State.CORDONED
+
+
+def test_a_file_that_cannot_be_written_is_a_registry_error_and_leaves_no_temp_file(reg_path, monkeypatch):
+    # EMFILE in a launcher out of descriptors, ENOSPC on a full disk: a clear RegistryError, the
+    # old content kept, no temporary file left behind.
+    import errno
+    import tempfile
+
+    reg = Registry(reg_path)
+    reg.ensure("n1/gpu0")
+    before = reg_path.read_bytes()
+
+    def no_descriptors(*a, **k):
+        raise OSError(errno.EMFILE, "Too many open files")
+    monkeypatch.setattr(tempfile, "mkstemp", no_descriptors)
+    with pytest.raises(RegistryError, match="cannot write it: .*Too many open files"):
+        reg.cordon("n1/gpu0", "hot")
+    monkeypatch.undo()
+
+    def full_disk(fd, *a, **k):
+        os.close(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fdopen", full_disk)
+    with pytest.raises(RegistryError, match="cannot write it: .*No space left"):
+        reg.cordon("n1/gpu0", "hot")
+    monkeypatch.undo()
+    assert reg_path.read_bytes() == before
+    assert sorted(os.listdir(reg_path.parent)) == ["health.json", "health.json.lock"]

@@ -4,13 +4,11 @@ client of another secret refused and logged, the service unharmed. No workers ru
 import argparse
 import os
 import socket
-import sys
 
 import pytest
 
 from hotspare.cli.jobs import request
 from hotspare.protocol import auth
-from hotspare.protocol.channel import Channel
 from hotspare.service.service import Service
 from hotspare.testing.local import EXAMPLE
 
