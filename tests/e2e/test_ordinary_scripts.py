@@ -48,7 +48,8 @@ def run_with(name: str, inject: list[str], extra: list[str] = ()) -> dict:
 
 
 @pytest.mark.parametrize("name", ["cnn_loader", pytest.param("mlp_accum", marks=pytest.mark.slow),
-                                  pytest.param("amp_text", marks=pytest.mark.slow), "buffers_dropout"])
+                                  pytest.param("amp_text", marks=pytest.mark.slow),
+                                  pytest.param("buffers_dropout", marks=pytest.mark.slow)])
 def test_rank_0_killed_mid_run_every_rank_ends_bitwise_equal(name):
     # Rank 0's per-rank state matters to everyone: DDP broadcasts its buffers at each forward.
     run_with(name, ["kill:rank=0:step=9"])

@@ -3,7 +3,8 @@ spare host with 2 spares), a launcher in the hub, `hotspare agent` on each host.
 killed, or cut off and healed, must end bitwise equal to a fault-free run on one host, losing
 and repeating no step, with nothing of the old generation left on the cut-off host.
 
-About 100 s together on 2 cores: marked slow (CI runs -m slow)."""
+About 60 s together on 2 cores, in the default suite: the node-loss core of many hosts. The
+service, refusal and remote-health tests beside it are slow (CI runs -m slow)."""
 import re
 import signal
 
@@ -13,7 +14,6 @@ from hotspare.agent.remote import EXIT_FENCED
 from hotspare.testing import run_job
 from hotspare.testing.hostjob import HostJob
 
-pytestmark = pytest.mark.slow
 STEPS = 400
 ARGS = ["--model", "tiny", "--steps", str(STEPS)]
 LEASE = ["--node-lease", "2", "--lease-margin", "1"]
