@@ -21,19 +21,14 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = {   # script -> (its arguments, steps it runs)
-    "cnn_loader": (["--epochs", "2"], 16),
-    "mlp_accum": (["--steps", "24"], 24),
-    "amp_text": (["--steps", "24"], 24),
-    "buffers_dropout": (["--steps", "24"], 24),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hotspare.testing import run_job  # noqa: E402
+from hotspare.testing.local import ORDINARY_SCRIPTS as SCRIPTS, REPO  # noqa: E402
 
 
 def faults_of(name: str, rank: int, step: int, reference: dict) -> tuple[list[str], dict]:
     """What is wrong with a kill run of `name`, against its fault-free `reference` report; and
     the run's report."""
-    from hotspare.testing import run_job
     args, steps = SCRIPTS[name]
     r = run_job(args, script=REPO / "examples" / f"{name}.py", inject=[f"kill:rank={rank}:step={step}"])
     rep = r.report or {}
@@ -59,7 +54,6 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=40, help="kill runs (default: 40)")
     p.add_argument("--seed", type=int, default=0, help="seed of the drawn script, rank and step")
     a = p.parse_args(argv)
-    from hotspare.testing import run_job
 
     rng = random.Random(a.seed)
     references: dict[str, dict] = {}

@@ -66,10 +66,20 @@ class FileStore:
             mode = self.path.stat().st_mode & 0o777
         except FileNotFoundError:
             mode = 0o644
-        try:
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        except OSError as e:                    # EMFILE, ENOSPC, a read-only directory
+        try:                                    # EMFILE, ENOSPC, a read-only directory
+            self._replace(text, mode)
+        except OSError as e:
             raise StoreError(f"cannot write it: {e}") from None
+        with contextlib.suppress(OSError):      # make the rename itself durable
+            dfd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def _replace(self, text: str, mode: int) -> None:
+        """Write `text` to a temporary file beside the store and rename it over the store."""
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -77,18 +87,10 @@ class FileStore:
                 os.fsync(f.fileno())
             os.chmod(tmp, mode)
             os.replace(tmp, self.path)
-        except BaseException as e:
+        except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            if isinstance(e, OSError):
-                raise StoreError(f"cannot write it: {e}") from None
             raise
-        with contextlib.suppress(OSError):      # make the rename itself durable
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
 
 
 class SqliteStore:

@@ -12,6 +12,14 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "gpt_stdlib.py"
+# The ordinary DDP scripts of examples/ (not the GPT), as the tests and bench/kill_runs.py run
+# them: script -> (its arguments, the steps it runs).
+ORDINARY_SCRIPTS = {
+    "cnn_loader": (["--epochs", "2"], 16),              # 2 epochs of 8 steps: boundaries at 7/8
+    "mlp_accum": (["--steps", "24"], 24),
+    "amp_text": (["--steps", "24"], 24),
+    "buffers_dropout": (["--steps", "24"], 24),
+}
 
 
 @dataclass

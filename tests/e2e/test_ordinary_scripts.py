@@ -9,15 +9,10 @@ without the fault, and of the same script under plain torchrun; no step lost, no
 import pytest
 
 from hotspare.testing import run_job
-from hotspare.testing.local import REPO, run_torchrun
+from hotspare.testing.local import ORDINARY_SCRIPTS, REPO, run_torchrun
 
 EXAMPLES = REPO / "examples"
-SCRIPTS = {   # script -> (its arguments, steps it runs)
-    "cnn_loader": (["--epochs", "2"], 16),              # 2 epochs of 8 steps: boundaries at 7/8
-    "mlp_accum": (["--steps", "24"], 24),
-    "amp_text": (["--steps", "24"], 24),
-    "buffers_dropout": (["--steps", "24"], 24),
-}
+SCRIPTS = ORDINARY_SCRIPTS
 _references: dict[str, dict] = {}
 
 
