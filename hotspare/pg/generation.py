@@ -22,8 +22,12 @@ raise, the process and its CUDA context live on. It touches no torch.distributed
 thread may call it; ``destroy()``, in the owning thread, then drops the group from
 torch.distributed's registry (``_abort_process_group``), so the next generation can be built in
 the same process. The watchdog's collective timeout is short (60 s; ``pg/nccl.py``) and with
-``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` it aborts instead of killing the process. Verified on CPU
-only so far: docs/GPU.md says what a GPU run has to confirm.
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` it aborts instead of killing the process. On NCCL the
+works that ``allreduce`` and ``all_gather`` return are ``SupervisedWork``: their ``wait()`` is the
+generation's bounded :meth:`GenerationGroup.wait` (NCCL's own ``work.wait()`` does not block the
+CPU), so the runtime's ``work.wait()`` sees a hang on its own deadline and aborts the generation;
+gloo's works are returned as they are. Verified on CPU only so far: docs/GPU.md says what a GPU
+run has to confirm.
 """
 from __future__ import annotations
 
@@ -203,17 +207,23 @@ class GenerationGroup:
         if aborted:          # an abort that came while forming had no communicator to reach
             self._abort_nccl(pg)
 
-    def allreduce(self, tensor: torch.Tensor) -> dist.Work:
+    def allreduce(self, tensor: torch.Tensor) -> "dist.Work | SupervisedWork":
         """Start a sum all-reduce of ``tensor``, in place, on this generation's group: the group's
         own call, without torch.distributed's per-call Python checks (the gradient buckets).
-        On NCCL the tensor must be on ``self.device``."""
+        On NCCL the tensor must be on ``self.device``, and the work comes back supervised
+        (``SupervisedWork``: its ``wait()`` is :meth:`wait`)."""
         self._refuse_if_aborted()
-        return self._pg.allreduce([tensor], self._sum)
+        return self._supervised(self._pg.allreduce([tensor], self._sum))
 
-    def all_gather(self, out: torch.Tensor, tensor: torch.Tensor) -> dist.Work:
+    def all_gather(self, out: torch.Tensor, tensor: torch.Tensor) -> "dist.Work | SupervisedWork":
         """Start gathering every rank's ``tensor`` (all the same size) into ``out``, rank by rank."""
         self._refuse_if_aborted()
-        return self._pg._allgather_base(out, tensor)
+        return self._supervised(self._pg._allgather_base(out, tensor))
+
+    def _supervised(self, work: dist.Work) -> "dist.Work | SupervisedWork":
+        # gloo: the work as torch made it (its wait blocks the CPU and fails when the abort
+        # shuts its sockets). NCCL: a wait that blocks the CPU, bounded, with the abort in view.
+        return SupervisedWork(self, work) if self.backend == "nccl" else work
 
     def _refuse_if_aborted(self) -> None:
         # An aborted ProcessGroupNCCL may lazily create a fresh communicator for a new
@@ -303,3 +313,25 @@ class GenerationGroup:
             _abort_process_group()
         else:
             dist.destroy_process_group()
+
+
+class SupervisedWork:
+    """An NCCL work of a generation whose ``wait()`` is the generation's supervised wait
+    (:meth:`GenerationGroup.wait`): it blocks the CPU until the collective completed, raises
+    ``PeerFailure`` as soon as the generation is aborted, and aborts the generation itself when
+    the collective has not completed within ``wait_timeout_s`` (default: the group's collective
+    timeout). The callers (the gradient buckets, the per-rank rows) just call ``work.wait()``."""
+
+    def __init__(self, group: GenerationGroup, work: dist.Work, wait_timeout_s: float | None = None):
+        self.group, self.work, self.wait_timeout_s = group, work, wait_timeout_s
+
+    def wait(self, timeout: "datetime.timedelta | float | None" = None) -> bool:
+        """``timeout`` (a ``timedelta``, as torch's ``Work.wait`` takes, or seconds) replaces
+        ``wait_timeout_s`` for this call."""
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds() or None     # torch's default timedelta(0): none given
+        self.group.wait(self.work, self.wait_timeout_s if timeout is None else timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()

@@ -1,5 +1,6 @@
 """NCCL generations (pg/nccl.py, GenerationGroup(backend="nccl")): the environment hotspare sets,
 the device a rank binds to, the supervised wait; the NCCL runs themselves need a CUDA GPU."""
+import datetime
 import os
 import threading
 import time
@@ -10,6 +11,7 @@ import torch.distributed as dist
 
 from hotspare.errors import PeerFailure
 from hotspare.pg import GenerationGroup
+from hotspare.pg.generation import SupervisedWork
 from hotspare.pg.nccl import (DEFAULT_COLLECTIVE_TIMEOUT_S, REQUIRED, apply_nccl_environment,
                               collective_timeout, cuda_device, nccl_environment)
 
@@ -96,6 +98,86 @@ def test_the_supervised_wait_returns_raises_on_abort_and_aborts_on_timeout():
         h.destroy()
     assert not dist.is_initialized()
 
+
+
+class Done:
+    """A work that has completed (a collective whose peers all answered): a test double."""
+
+    def __init__(self):
+        self.waits = 0
+
+    def is_completed(self):
+        return True
+
+    def wait(self):
+        self.waits += 1
+        return True
+
+
+class NcclGroupDouble:
+    """Stands in for the ProcessGroupNCCL that connect() builds on a GPU: its all-reduce never
+    completes (a peer hangs mid-collective), its all-gather has completed; abort() is counted.
+    A test double, never on the production path."""
+
+    def __init__(self):
+        self.aborts, self.gathered = 0, Done()
+
+    def allreduce(self, tensors, opts):
+        return NeverDone()
+
+    def _allgather_base(self, out, tensor):
+        return self.gathered
+
+    def abort(self):
+        self.aborts += 1
+
+
+def test_a_hung_nccl_collective_is_aborted_on_its_deadline_by_the_runtimes_own_work_wait():
+    """The runtime waits with plain ``work.wait()`` (gradient buckets, per-rank rows); on NCCL that
+    call does not block the CPU, so the group's works must come back supervised: a collective
+    that hangs raises PeerFailure on the generation's deadline and aborts the generation."""
+    g = GenerationGroup(dist.HashStore(), 4, 0, 2, "s/", backend="nccl", device="cuda:0", timeout_s=0.2)
+    pg = g._pg = NcclGroupDouble()       # what connect() would have built, on a GPU
+    work = g.all_gather(torch.empty(2), torch.empty(1))
+    assert isinstance(work, SupervisedWork)
+    work.wait()                          # completed: returns, the backend's wait ran once
+    assert pg.gathered.waits == 1 and not g.aborted
+    work = g.allreduce(torch.ones(4))
+    t0 = time.monotonic()
+    with pytest.raises(PeerFailure, match="did not complete in 0.2 s"):
+        work.wait()                      # NeverDone.wait would raise AssertionError: not called
+    assert 0.15 < time.monotonic() - t0 < 5.0
+    assert g.aborted and pg.aborts == 1 and not g.abort_stuck
+    with pytest.raises(PeerFailure, match="was aborted"):
+        g.allreduce(torch.ones(4))       # and the aborted generation never talks again
+
+
+def test_a_supervised_nccl_wait_ends_when_another_thread_aborts_the_generation():
+    g = GenerationGroup(dist.HashStore(), 5, 0, 2, "t/", backend="nccl", device="cuda:0")   # 60 s deadline
+    g._pg = NcclGroupDouble()
+    work = g.allreduce(torch.ones(4))
+    threading.Timer(0.1, g.abort).start()          # the control thread: the coordinator saw a peer die
+    t0 = time.monotonic()
+    with pytest.raises(PeerFailure, match="aborted during a collective"):
+        work.wait(datetime.timedelta(seconds=30))  # torch's signature: a timedelta
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_gloo_works_are_torchs_own_unchanged():
+    g = GenerationGroup(dist.HashStore(), gen=1, rank=0, world=1, prefix="u1/")
+    g.connect()
+    try:
+        t = torch.arange(4.0)
+        work = g.allreduce(t)
+        assert not isinstance(work, SupervisedWork) and isinstance(work, dist.Work)
+        work.wait()
+        out = torch.empty(4)
+        gathered = g.all_gather(out, t)
+        assert isinstance(gathered, dist.Work)
+        gathered.wait()
+        assert torch.equal(out, torch.arange(4.0))
+    finally:
+        g.destroy()
 
 @needs_gpu
 def test_nccl_generations_are_created_aborted_and_rebuilt_in_process():
