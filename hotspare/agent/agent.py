@@ -81,6 +81,14 @@ class NodeAgent:
         job_env = JobEnv.from_env(base_env)
         self.job_env = job_env if faults is None else dataclasses.replace(job_env, faults=True)
         self.base_env = without_contract(base_env)
+        zygote_env = dict(base_env)
+        if self.job_env.backend == "nccl":
+            # hotspare's NCCL environment (hotspare.pg.nccl), in every worker's environment before
+            # torch starts there (torch reads some of it once per process), and in the zygote's.
+            from hotspare.pg.nccl import apply_nccl_environment   # imports torch: NCCL jobs only
+            for line in apply_nccl_environment(self.base_env, self.job_env.join_timeout_s):
+                print(f"hotspare agent: {line}", file=sys.stderr, flush=True)
+            apply_nccl_environment(zygote_env, self.job_env.join_timeout_s)
         self.zygote: Zygote | None = None
         self.node = node or socket.gethostname()
         self.devices = list(devices or [])
@@ -111,7 +119,7 @@ class NodeAgent:
                                              device_faults=faults is not None and faults.device_faults)
         if spawn == "fork" and forkable(cmd):    # it imports in the background until the first spawn
             try:
-                self.zygote = Zygote(base_env, preload=preload_for(cmd[1]))
+                self.zygote = Zygote(zygote_env, preload=preload_for(cmd[1]))
             except ZygoteError as e:
                 print(f"hotspare agent: {e}; starting each worker as a fresh interpreter", file=sys.stderr,
                       flush=True)
