@@ -57,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=DESCRIPTION, epilog=EPILOG.format(grammar=injection().GRAMMAR),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p, RunConfig)       # every flag is declared once, in hotspare/config/run.py
+    from hotspare.observe.wiring import add_observe_arguments
+    add_observe_arguments(p)          # --metrics, --events (docs/OBSERVABILITY.md)
     p.set_defaults(func=run)
 
 
@@ -104,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(e)
     ledger, coord = control_plane(cfg, pre, events, health, log)
+    from hotspare.observe.wiring import observe
+    try:
+        watch = observe(args, cfg.launch.report, coord, ledger, health, log)
+    except ConfigError as e:
+        return _fail(e)
     # This host's node agents talk to the coordinator over TCP, as remote agents would.
     endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
     agents = _agents(cfg, env, endpoint.address, secret, health.devices if health else None,
@@ -134,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         endpoint.close()
         if remote is not None:
             remote.close()
+        if watch is not None:
+            watch.close(2, ledger.report())
         return 2
     if poller is not None:
         poller.start()
@@ -169,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
                           for r in health.registry.devices() if r.device in health.devices]
     ledger.nodes = coord.nodes.describe()
     report = ledger.report()
+    if watch is not None:
+        watch.close(code, report)     # the stream's last records; /metrics stops
     _summary(log, report, code)
     if cfg.launch.report:
         with open(cfg.launch.report, "w") as f:

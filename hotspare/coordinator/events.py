@@ -8,6 +8,7 @@ stamp, if sane, for what a worker said).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
@@ -202,3 +203,108 @@ def decode(node: str, msg: Message, stamp: Callable[[float], float], now: float)
     if decoder is None:
         raise ProtocolError("not an agent message")
     return decoder(node, msg, stamp, now)
+
+
+# ---------------------------------------------------------------------------- the event schema
+# One versioned record for everything the run tells the outside (the event stream that
+# ``hotspare events`` reads, the metrics, the report's plot): the typed events above, serialised
+# here, and the outcomes the observer (hotspare.observe) derives from the ledger. A record is
+# ``{"schema": SCHEMA, "kind": ..., "t": ..., "data": {...}}``: ``kind`` is the event's class in
+# snake case ("worker_exited") or one of OUTCOMES; ``t`` is wall-clock seconds (time.time());
+# ``data`` holds the fields. A reader refuses a record of a newer schema. Live objects (a
+# node's channel, an operator command's reply) and proofs are left out: a decoded event has None
+# in their place.
+SCHEMA = 1
+
+# what the observer derives (hotspare/observe/observer.py documents each)
+OUTCOMES = frozenset({"run_start", "run_end", "failure", "failover", "recovered", "unrecovered",
+                      "generation", "migration", "checkpoint_fallback", "health_event", "devices",
+                      "spares", "steps_repeated"})
+
+_EVENT_TYPES: tuple[type, ...] = Event.__args__        # type: ignore[attr-defined]
+_LIVE = frozenset({"channel", "reply"})                # never serialised
+_SECRET_KEYS = frozenset({"proof", "token", "secret"})
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+EVENT_KINDS: dict[str, type] = {_snake(cls.__name__): cls for cls in _EVENT_TYPES}
+KIND_OF: dict[type, str] = {cls: kind for kind, cls in EVENT_KINDS.items()}
+
+
+def _scrub(msg: Any) -> Any:
+    return {k: v for k, v in msg.items() if k not in _SECRET_KEYS} if isinstance(msg, dict) else msg
+
+
+def _reading_to(r: Reading) -> dict[str, Any]:
+    metrics = {k: list(v) if isinstance(v, tuple) else v for k, v in r.metrics.items()}
+    return {"device": r.device, "time": r.time, "source": r.source, "metrics": metrics, "rank": r.rank}
+
+
+def _reading_from(d: dict[str, Any]) -> Reading:
+    metrics = {k: tuple(v) if isinstance(v, list) else v for k, v in d["metrics"].items()}
+    return Reading(d["device"], float(d["time"]), d["source"], metrics, d.get("rank"))
+
+
+def record(kind: str, t: float, data: dict[str, Any]) -> dict[str, Any]:
+    """A record of the schema: a serialised event's or an outcome's (``kind`` in OUTCOMES)."""
+    if kind not in EVENT_KINDS and kind not in OUTCOMES:
+        raise ValueError(f"{kind!r} is neither an event nor an outcome of schema {SCHEMA}")
+    return {"schema": SCHEMA, "kind": kind, "t": float(t), "data": data}
+
+
+def to_record(event: Event) -> dict[str, Any]:
+    """The schema's record of one typed event."""
+    kind = KIND_OF.get(type(event))
+    if kind is None:
+        raise TypeError(f"{type(event).__name__} is not a coordinator event")
+    data: dict[str, Any] = {}
+    for f in dataclasses.fields(event):
+        if f.name in _LIVE or f.name == "t":
+            continue
+        value = getattr(event, f.name)
+        if isinstance(event, Readings) and f.name == "readings":
+            value = [_reading_to(r) for r in value]
+        elif f.name in ("hello", "msg"):
+            value = _scrub(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        data[f.name] = value
+    return record(kind, event.t, data)
+
+
+def check_record(rec: Any) -> dict[str, Any]:
+    """``rec`` if it is a record this schema can read; ValueError saying why not."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("data"), dict) or not isinstance(rec.get("kind"), str):
+        raise ValueError("not a hotspare event record (want {schema, kind, t, data})")
+    version = rec.get("schema")
+    if not isinstance(version, int) or version > SCHEMA:
+        raise ValueError(f"event record of schema {version!r}: this hotspare reads schema {SCHEMA} and "
+                         "older; upgrade hotspare to read it")
+    if not isinstance(rec.get("t"), (int, float)):
+        raise ValueError(f"event record {rec['kind']!r} without a time")
+    return rec
+
+
+def from_record(rec: dict[str, Any]) -> Event:
+    """The typed event a record of an event stands for (None for its live objects); ValueError
+    for an outcome's record or a record this schema cannot read."""
+    check_record(rec)
+    cls = EVENT_KINDS.get(rec["kind"])
+    if cls is None:
+        raise ValueError(f"{rec['kind']!r} is not a coordinator event (an outcome, or a newer kind)")
+    data, kwargs = rec["data"], {}
+    for f in dataclasses.fields(cls):
+        if f.name in _LIVE:
+            kwargs[f.name] = None
+        elif f.name == "t":
+            kwargs["t"] = float(rec["t"])
+        elif cls is Readings and f.name == "readings":
+            kwargs[f.name] = [_reading_from(r) for r in data[f.name]]
+        elif cls is NodeResumed and f.name == "alive":
+            kwargs[f.name] = tuple(data[f.name])
+        elif f.name in data:
+            kwargs[f.name] = data[f.name]
+    return cls(**kwargs)
