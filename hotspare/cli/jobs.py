@@ -14,14 +14,17 @@ SUBMIT = """\
 Queue a training job with the coordinator service (`hotspare coordinator`). It is placed on
 --nodes free hosts with --nproc-per-node ranks each, plus --spares warm spares on spare hosts
 (`hotspare agent --spare`), and runs as `hotspare run` would: failover without rollback, the
-same worker contract. The script must be at the same path on every host, and on the service's.
-Every flag of `hotspare run` that shapes a job is taken as it is there (checkpoints, hang
-detection, capacity, the health vote, --telemetry-period and --admission for its hosts'
-devices, --telemetry off for none); --secret-file is the service's secret, --report with
---wait writes the job's report. Those that name hosts or the launcher itself (--listen,
---remote-nodes, --local-nodes, --master-addr, --master-port, --devices, --health-db) are
-refused: the service sets them. --inject and --allow-inject are refused unless the service
-runs with --allow-inject."""
+same worker contract. The script must be at the same path on every host: the service does not
+look for it on its own host (nor make --checkpoint-dir there); a missing script stops the job
+when its workers start. Every flag of `hotspare run` that shapes a job is taken as it is there
+(checkpoints, hang detection, capacity, the health vote, --telemetry-period and --admission
+for its hosts' devices, --telemetry off for none); --secret-file is the service's secret,
+--report with --wait writes the job's report. Those the service owns are refused, each with
+its reason: the hosts and the launcher (--listen, --remote-nodes, --local-nodes,
+--master-addr, --master-port, --devices, --spawn, --health-db, --node-lease, --lease-margin)
+and its checkpoint key (--checkpoint-key). --inject and --allow-inject are refused unless the
+service runs with --allow-inject. `hotspare cancel` of a running job stops it after a last
+checkpoint to its --checkpoint-dir."""
 
 COMMON_EPILOG = """\
 the coordinator and secret default to $HOTSPARE_COORDINATOR and $HOTSPARE_SECRET_FILE.
@@ -116,17 +119,19 @@ def job_request(args: argparse.Namespace) -> dict:
 
     from hotspare.config import RunConfig, from_namespace, to_argv
     from hotspare.errors import ConfigError
-    from hotspare.service.runner import owned_flags
+    from hotspare.service.jobargs import refused_flags
     cfg = from_namespace(RunConfig, argparse.Namespace(**{**vars(args), "launch.secret_file": None}))
-    owned = owned_flags(cfg)          # the service checks them again (and the fault plug-in's)
-    if owned:
-        raise ConfigError(f"{', '.join(owned)}: the coordinator service sets these for the job")
     if not 1 <= args.nodes <= 4096:
         raise ConfigError(f"--nodes {args.nodes}: give 1..4096")
-    rest = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc=1, report=None),
+    # submit's own (--nproc-per-node, --spares, --report, --secret-file) are not the job's flags
+    rest = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc=1, report=None, secret_file=None),
                                capacity=dataclasses.replace(cfg.capacity, spares=1))
     argv = to_argv(rest)
     run_args = argv[:argv.index("--")] if "--" in argv else argv
+    # the service checks them again (and the fault plug-in's, which it may allow)
+    refused = refused_flags(run_args, allow_inject=True)
+    if refused:
+        raise ConfigError("; ".join(f"{flag}: {why}" for flag, why in refused))
     return {"script": os.path.abspath(cfg.script), "args": list(cfg.script_args), "nodes": args.nodes,
             "nproc_per_node": cfg.launch.nproc, "spares": cfg.capacity.spares, "run_args": run_args}
 

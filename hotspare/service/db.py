@@ -7,7 +7,9 @@ placed, its rendezvous store, its report), ``job_state`` (each running job's coo
 service did). Every write is one transaction, so a ``kill -9`` at any moment leaves the last
 committed state; WAL mode keeps readers (``hotspare status`` answers from here) off the writer.
 The service's one thread that owns a job writes that job's rows; the connection is shared
-under a lock.
+under a lock. The file is checked before it is used, and a backup of it is kept beside it
+(``hotspare.service.dbcheck``): damaged state stops the service with what to do, never a
+traceback and never an empty start.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hotspare.service import dbcheck
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS hosts (name TEXT PRIMARY KEY, devices TEXT NOT NULL, spare INTEGER NOT NULL,
@@ -56,21 +60,40 @@ class JobRow:
 
 class StateDB:
     def __init__(self, directory: str | Path):
+        """Open (or make) ``DIRECTORY/coordinator.db``; ``dbcheck.StateDBError`` when it is
+        damaged, or cannot be opened or made."""
         self.path = Path(directory) / "coordinator.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise dbcheck.StateDBError(f"cannot make the state directory {self.path.parent}: {e.strerror or e}; "
+                                       "give --state a directory this user may write") from None
+        dbcheck.check(self.path)
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(SCHEMA)
+        except sqlite3.Error as e:
+            raise dbcheck.refusal(self.path, f"cannot be used ({e})") from None
         self._lock = threading.Lock()
+        self._backed_up = 0.0
+        self.backup()
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def _write(self, sql: str, *params: Any) -> None:
+    def _write(self, sql: str, *params: Any) -> int:
+        """One statement, its own transaction; the rows it changed."""
         with self._lock:
-            self._db.execute(sql, params)
+            return self._db.execute(sql, params).rowcount
+
+    def backup(self) -> None:
+        """A copy of the database as it is now, beside it (``dbcheck.backup_path``)."""
+        with self._lock:
+            dbcheck.make_backup(self._db, self.path)
+            self._backed_up = time.monotonic()
 
     def _read(self, sql: str, *params: Any) -> list[tuple]:
         with self._lock:
@@ -97,15 +120,29 @@ class StateDB:
     def submit(self, job: str, request: dict[str, Any]) -> None:
         self._write("INSERT INTO jobs (id, request, state, submitted) VALUES (?, ?, ?, ?)",
                     job, json.dumps(request), QUEUED, time.time())
+        self.backup()
 
-    def started(self, job: str, placement: dict[str, Any], store: dict[str, Any]) -> None:
-        self._write("UPDATE jobs SET state=?, started=?, placement=?, store=? WHERE id=?",
-                    RUNNING, time.time(), json.dumps(placement), json.dumps(store), job)
+    def start_if_queued(self, job: str, placement: dict[str, Any], store: dict[str, Any]) -> bool:
+        """The job runs there, if it is still queued (not cancelled meanwhile): whether it does."""
+        placed = self._write("UPDATE jobs SET state=?, started=?, placement=?, store=? WHERE id=? AND state=?",
+                             RUNNING, time.time(), json.dumps(placement), json.dumps(store), job, QUEUED) == 1
+        if placed:
+            self.backup()
+        return placed
+
+    def cancel_if_queued(self, job: str, message: str) -> bool:
+        """The job is cancelled, if it is still queued (not placed meanwhile): whether it is."""
+        cancelled = self._write("UPDATE jobs SET state=?, ended=?, message=? WHERE id=? AND state=?",
+                                CANCELLED, time.time(), message, job, QUEUED) == 1
+        if cancelled:
+            self.backup()
+        return cancelled
 
     def ended(self, job: str, state: str, code: int | None, message: str, report: dict[str, Any] | None) -> None:
         self._write("UPDATE jobs SET state=?, ended=?, code=?, message=?, report=? WHERE id=?",
                     state, time.time(), code, message, None if report is None else json.dumps(report), job)
         self._write("DELETE FROM job_state WHERE job=?", job)
+        self.backup()
 
     def jobs(self, states: tuple[str, ...] | None = None) -> list[JobRow]:
         rows = self._read("SELECT id, request, state, submitted, started, ended, message, placement, store, code "
@@ -126,6 +163,8 @@ class StateDB:
     def save_state(self, job: str, state: dict[str, Any]) -> None:
         self._write("INSERT INTO job_state VALUES (?, ?, ?) ON CONFLICT(job) DO UPDATE SET state=excluded.state, "
                     "saved=excluded.saved", job, json.dumps(state, allow_nan=False), time.time())
+        if time.monotonic() - self._backed_up >= dbcheck.BACKUP_EVERY_S:
+            self.backup()
 
     def load_state(self, job: str) -> dict[str, Any] | None:
         rows = self._read("SELECT state FROM job_state WHERE job=?", job)

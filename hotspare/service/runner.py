@@ -10,13 +10,12 @@ lost (their ranks fail over as usual), then carries on.
 """
 from __future__ import annotations
 
-import argparse
 import queue
 import threading
 import time
 from typing import Any, Callable
 
-from hotspare.config import RunConfig, add_arguments, from_namespace
+from hotspare.config import RunConfig
 from hotspare.coordinator import events as ev
 from hotspare.coordinator import persist
 from hotspare.errors import ConfigError
@@ -30,65 +29,20 @@ FINISH_CHECKS_S = 30.0    # a job's end waits this long at most for the device c
 REJOIN_SLACK_S = 1.0      # beyond lease + margin, for the agents' reconnection attempts
 
 
-# `hotspare run` flags a submitted job may not set: the service sets them (hosts, addresses,
-# the launcher), or allows them only when its operator does (the fault plug-in).
-def owned_flags(cfg: RunConfig) -> list[str]:
-    """The service's flags that a job's own configuration ``cfg`` sets."""
-    return [flag for flag, given in (
-        ("--listen", cfg.hosts.listen), ("--remote-nodes", cfg.hosts.remote_nodes),
-        ("--local-nodes", cfg.launch.local_nodes is not None), ("--master-addr", cfg.launch.master_addr),
-        ("--master-port", cfg.launch.master_port), ("--devices", cfg.health.devices is not None),
-        ("--secret-file", cfg.launch.secret_file), ("--health-db", cfg.health.health_db)) if given]
-
-
-def injecting_flags(cfg: RunConfig) -> list[str]:
-    return [flag for flag, given in (("--inject", cfg.faults.inject), ("--allow-inject", cfg.faults.allow_inject))
-            if given]
-
-
-def run_config(request: dict[str, Any], listen_host: str, secret_file: str, allow_inject: bool = False) -> RunConfig:
-    """The job's typed configuration from a ``submit`` request: its own flags (as `hotspare run`
-    takes them; those the service owns are refused, the fault plug-in's unless the service was
-    started with --allow-inject), the world size, and the service's part (the hosts are remote,
-    the store binds the service's address, the service's secret)."""
-    world = int(request["nodes"]) * int(request["nproc_per_node"])
-    own = _parse([*request["run_args"], "--", request["script"], *request["args"]])
-    refused = owned_flags(own) + ([] if allow_inject else injecting_flags(own))
-    if refused:
-        why = ("the service sets these for the job" if not set(refused) & {"--inject", "--allow-inject"} else
-               "the service sets the hosts' flags; the fault plug-in needs `hotspare coordinator --allow-inject`")
-        raise ConfigError(f"the job's flags: {', '.join(refused)}: {why}")
-    return _parse([*request["run_args"], "--nproc", str(world), "--spares", str(int(request["spares"])),
-                   "--local-nodes", "0", "--remote-nodes", str(int(request["nodes"])), "--listen", f"{listen_host}:0",
-                   "--secret-file", secret_file, "--", request["script"], *request["args"]])
-
-
-def _parse(argv: list[str]) -> RunConfig:
-    parser = argparse.ArgumentParser(prog="hotspare submit", add_help=False, exit_on_error=False)
-    add_arguments(parser, RunConfig)
-    try:
-        ns, unknown = parser.parse_known_args(argv)
-    except argparse.ArgumentError as e:
-        raise ConfigError(f"the job's flags: {e}") from None
-    if unknown:
-        raise ConfigError(f"the job's flags: unrecognized {' '.join(unknown)[:200]}")
-    return from_namespace(RunConfig, ns)
-
-
 class JobRunner:
     def __init__(self, job: str, cfg: RunConfig, db: StateDB, store: dict[str, Any], lease: float, margin: float,
                  log: Callable[[str], None], on_end: Callable[["JobRunner"], None], registry=None):
         """``registry``: the service's device registry (``hotspare.health.registry``, in its
         database); the job's health desk watches its hosts' devices there, unless the job's
         --telemetry is off (or no registry is given)."""
-        from hotspare.cli.preflight import preflight
         from hotspare.service.build import control_plane, health_desk
+        from hotspare.service.checks import service_preflight
         self.job, self.cfg, self.db, self.store = job, cfg, db, store
         self.lease, self.margin = lease, margin
         self.events: "queue.Queue" = queue.Queue()
         self.log = lambda line: log(f"[{job}] {line}")
         self._on_end = on_end
-        self.pre = preflight(cfg)
+        self.pre = service_preflight(cfg)
         watched = registry is not None and cfg.health.telemetry != "off"
         self.health = health_desk(cfg, self.pre, registry, self.log, adopt=True) if watched else None
         # how often its hosts' agents poll their devices and send the readings (0: not at all)
@@ -101,6 +55,10 @@ class JobRunner:
         self._saved_at = 0.0
         self.code: int | None = None
         self.cancelled = False
+        self.cancelled_by = ""
+        self._cancel_lock = threading.Lock()
+        self._started = False                  # coord.start (or the rejoin) returned: commands reach it
+        self._cancel_pending = ""              # cancelled before that, by whom
         self.spare_hosts: dict[str, int] = {}   # host -> the spare slots it holds for this job (0: a rank host)
         self.worker_env = self._worker_env(int(cfg.launch.nproc // max(1, cfg.hosts.remote_nodes)))
 
@@ -125,12 +83,22 @@ class JobRunner:
         threading.Thread(target=self._run, args=(resume,), name=f"job-{self.job}", daemon=True).start()
 
     def cancel(self, origin: str) -> None:
-        """From any thread: the job stops (its workers are ended) as soon as its thread sees it."""
+        """From any thread: the job stops as soon as its thread sees it, after a last checkpoint
+        (a job still starting stops once its ranks are started, none of them left behind)."""
+        with self._cancel_lock:
+            if not self._started:
+                self._cancel_pending = self._cancel_pending or origin
+                return
         self.events.put(ev.OperatorCommand({"type": "cancel"}, origin, lambda reply: None, time.time()))
 
     def _cancel(self, msg, origin: str):
-        self.cancelled = True
-        self.coord.stop(f"cancelled by {origin}")
+        """Every rank leaves its step and the lowest survivor writes a last checkpoint to the job's
+        checkpoint directory, as on SIGTERM to `hotspare run` (``coordinator.preempt``); a job
+        with no rank holding state yet just stops."""
+        if not self.cancelled:
+            self.cancelled, self.cancelled_by = True, origin
+            self.log(f"CANCEL  by {origin}: stopping after a last checkpoint")
+            self.coord.handle(ev.Preempt("SIGTERM", 143, time.time()))
         return make("control_reply", ok=True, message=f"job {self.job} cancelled")
 
     def _run(self, resume: dict[str, Any] | None) -> None:
@@ -141,14 +109,16 @@ class JobRunner:
                 coord.start(nodes=len(self.nodes), timeout=START_TIMEOUT_S)
             else:
                 self._rejoin(resume)
+            with self._cancel_lock:
+                self._started, pending = True, self._cancel_pending
+            if pending:
+                self._cancel(None, pending)
             while not coord.over():
                 coord.step()
                 self._save()
             code = coord.exit_code if coord.exit_code is not None else 1
             if self.ledger.outcome == "finished":
                 state = states.FINISHED
-            elif self.cancelled:
-                state = states.CANCELLED
             message = self.ledger.message
         except ConfigError as e:
             code, message = 2, str(e)
@@ -156,6 +126,9 @@ class JobRunner:
         except Exception as e:                 # one job's failure must not end the service
             code, message = 1, f"{type(e).__name__}: {e}"
             self.log(f"job failed in the coordinator: {message}")
+        by = self.cancelled_by or self._cancel_pending
+        if by and state != states.FINISHED:
+            state, message = states.CANCELLED, f"cancelled by {by}" + (f": {message}" if message else "")
         # Device checks still running on its hosts finish first (a device that passes goes back
         # to the pool), unless the job was cancelled.
         coord.finish_checks(0.0 if self.cancelled else FINISH_CHECKS_S)

@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -39,20 +36,28 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.lease import welcome_proof
 from hotspare.protocol.messages import Message, make
 from hotspare.service import db as states
+from hotspare.service import hostlife as life
 from hotspare.service.db import StateDB
+from hotspare.service.hostlife import Agent, HostPhase, HostState
+from hotspare.service.jobargs import run_config
 from hotspare.service.placement import Host, place
-from hotspare.service.runner import JobRunner, run_config
+from hotspare.service.runner import JobRunner
+from hotspare.service.stores import start_store, stop_store, store_alive
 
 MAX_QUEUED = 1000
 JOB_ANSWER_S = 10.0       # a running job answers an operator command within this long
+TICK_S = 1.0              # how often the pool looks at hosts whose release is overdue
 
 
 @dataclass
-class _Pooled:
-    """A registered agent's link, while it is in the pool."""
-    host: Host
-    hello: Message
-    channel: Channel
+class _Host:
+    """A host the service knows this run: its agent, the link to it, its phase (``hostlife``)."""
+    agent: Agent
+    channel: Channel | None
+    state: HostState
+
+    def pool_view(self) -> Host:
+        return Host(self.agent.name, self.agent.devices, self.agent.spare)
 
 
 class Service:
@@ -71,9 +76,10 @@ class Service:
         self.registry = Registry(self.db.path)
         self.reconciler = SlurmReconciler.from_mode(self.registry, mode_from_env())
         self.pool_events: "queue.Queue" = queue.Queue()
-        self._lock = threading.Lock()
-        self.pool: dict[str, _Pooled] = {}
-        self.assigned: dict[str, str] = {}           # node -> the job it works for
+        # One lock over the hosts, the runners and every change of a job's state in the database
+        # (placement's commit and a cancel are transactions under it).
+        self._lock = threading.RLock()
+        self.hosts: dict[str, _Host] = {}
         self.runners: dict[str, JobRunner] = {}
         self._stop = threading.Event()
         self._resume_jobs()
@@ -82,10 +88,30 @@ class Service:
                                      route=self._route, clients=self._client)
         self.address = self.endpoint.address
 
+    # ------------------------------------------------------------------ host lifecycle
+    def _apply(self, name: str, event: life.HostEvent) -> HostState:
+        """Move host ``name`` by ``event`` (under the lock); its new state goes to the database."""
+        with self._lock:
+            h = self.hosts[name]
+            before = h.state
+            h.state, why = life.transition(before, event, time.time())
+            if h.state != before:
+                self.db.host_state(name, h.state.describe())
+                if h.state.phase is not before.phase:
+                    self.log(f"HOST    {name}: {before.phase} -> {h.state.phase}: {why}")
+            return h.state
+
+    def free_hosts(self) -> list[Host]:
+        """The idle hosts, each with only its devices in service."""
+        with self._lock:
+            idle = [h.pool_view() for h in self.hosts.values() if h.state.phase is HostPhase.IDLE]
+        return [self.in_service(h) for h in idle]
+
     # ------------------------------------------------------------------ routing (link threads)
     def _route(self, node: str) -> "queue.Queue":
         with self._lock:
-            runner = self.runners.get(self.assigned.get(node, ""))
+            h = self.hosts.get(node)
+            runner = self.runners.get(h.state.job) if h is not None and h.state.phase is HostPhase.BUSY else None
         return runner.events if runner is not None else self.pool_events
 
     def _owner(self, worker: str) -> str | None:
@@ -100,8 +126,19 @@ class Service:
         node, job = hello["node"], hello.get("job")
         resumed = ""
         with self._lock:
-            if isinstance(job, str) and job and job in self.runners and node in self.runners[job].nodes:
-                self.assigned[node] = resumed = job
+            known = self.hosts.get(node)
+            if known is not None and known.channel is not None and _closed(known.channel):
+                self._apply(node, life.LinkLost())
+            free = known is None or known.state.phase is HostPhase.GONE
+            if free and isinstance(job, str) and job and job in self.runners and node in self.runners[job].nodes:
+                try:
+                    agent = Agent.from_hello(hello)
+                except ValueError:
+                    agent = None
+                if agent is not None:
+                    self.hosts[node] = _Host(agent, None, known.state if known else HostState())
+                    self._apply(node, life.Registered(job))
+                    resumed = job
         nonce = hello.get("nonce")
         proof = welcome_proof(self.secret, node, nonce) if isinstance(nonce, str) else ""
         return make("registered", lease=self.lease, proof=proof, job=resumed)
@@ -120,12 +157,17 @@ class Service:
         if self.reconciler is not None:
             self.reconciler.start(log=self.log)
         self._place_queued()
+        next_tick = time.time() + TICK_S
         while not self._stop.is_set():
             try:
-                event = self.pool_events.get(timeout=0.5)
+                event = self.pool_events.get(timeout=max(0.0, min(0.5, next_tick - time.time())))
             except queue.Empty:
-                continue
-            self._pool_event(event)
+                event = None
+            if event is not None:
+                self._pool_event(event)
+            if time.time() >= next_tick:
+                next_tick = time.time() + TICK_S
+                self._tick()
         if self.reconciler is not None:
             self.reconciler.stop(log=self.log)
         return 0
@@ -142,7 +184,7 @@ class Service:
                               None)
                 continue
             try:
-                store = self._store_alive(row.store)
+                store = store_alive(row.store)
                 runner = self._runner(row.id, row.request, store)
             except (ConfigError, OSError, ProtocolError) as e:
                 self.db.ended(row.id, states.STOPPED, 1, f"could not be resumed: {e}", None)
@@ -160,38 +202,59 @@ class Service:
         if isinstance(event, ev.NodeConnected):
             self._registered(event)
         elif isinstance(event, ev.NodeLost):
-            with self._lock:
-                pooled = self.pool.get(event.node)
-                if pooled is not None and pooled.channel is event.channel:
-                    del self.pool[event.node]
-            if pooled is not None and pooled.channel is event.channel:
-                self.db.host_state(event.node, "gone")
-                self.log(f"NODE    {event.node}: left the pool")
+            self._link_lost(event)
         elif isinstance(event, _Wake):
             self._place_queued()
         elif isinstance(event, ev.NodeReleased):
-            pass                                 # its job's runner has already handed it back
+            with self._lock:
+                known = event.node in self.hosts
+            if known and self._apply(event.node, life.Released(event.job)).phase is HostPhase.IDLE:
+                self._place_queued()
+
+    def _link_lost(self, e: ev.NodeLost) -> None:
+        with self._lock:
+            h = self.hosts.get(e.node)
+            if h is None or h.channel is not e.channel:
+                return
+            runner = self.runners.get(h.state.job) if h.state.phase is HostPhase.BUSY else None
+            if runner is None:
+                self._apply(e.node, life.LinkLost())
+        if runner is not None:         # lost on its way to its job (routed here before it was assigned)
+            runner.events.put(e)
+        else:
+            self.log(f"NODE    {e.node}: left the pool")
+
+    def _tick(self) -> None:
+        with self._lock:
+            due = [n for n, h in self.hosts.items() if h.state.phase is HostPhase.RELEASING]
+        if any(self._apply(n, life.Tick()).phase is HostPhase.IDLE for n in due):
+            self._place_queued()
 
     def _registered(self, e: ev.NodeConnected) -> None:
-        hello = e.hello
-        name, spare = hello["node"], hello.get("spare", False)
-        if not isinstance(spare, bool):
-            refuse(e.channel, "agent_hello", "'spare' must be true or false")
+        name = e.hello["node"]
+        try:
+            agent = Agent.from_hello(e.hello)
+        except ValueError as err:
+            refuse(e.channel, "agent_hello", str(err))
             return
         with self._lock:
-            taken = name in self.pool or name in self.assigned
+            known = self.hosts.get(name)
+            if known is not None and known.channel is not None and _closed(known.channel):
+                self._apply(name, life.LinkLost())
+            taken = known is not None and known.state.phase is not HostPhase.GONE
+            if not taken:
+                self.hosts[name] = _Host(agent, e.channel, known.state if known else HostState())
+                self.db.host(name, list(agent.devices), agent.spare, "idle")
+                self._apply(name, life.Registered())
         if taken:
             self.log(f"NODE    refused a second agent named {name!r}")
             refuse(e.channel, "agent_hello", f"a node named {name!r} is already registered")
             return
-        if hello.get("job"):
-            self.log(f"NODE    {name}: its job {str(hello['job'])[:64]!r} is not running here; it ends its workers")
-        host = Host(name, tuple(str(d) for d in hello["devices"]), spare)
-        with self._lock:
-            self.pool[name] = _Pooled(host, hello, e.channel)
-        self.db.host(name, list(host.devices), spare, "idle")
-        self.log(f"NODE    {name}: registered, {len(host.devices)} device slot(s)" + (", spare host" if spare else ""))
-        if spare:
+        if e.hello.get("job"):
+            self.log(f"NODE    {name}: its job {str(e.hello['job'])[:64]!r} is not running here; it ends its workers")
+        self.log(f"NODE    {name}: registered, {len(agent.devices)} device slot(s)"
+                 + (", spare host" if agent.spare else ""))
+        if agent.spare:
             self._give_spare(name)
         self._place_queued()
 
@@ -200,37 +263,61 @@ class Service:
         with self._lock:
             wanting = [r for r in self.runners.values() if r.spare_slots() < r.cfg.capacity.spares
                        and not r.coord.view.phase.over]
-        if wanting:
+            if not wanting or self.hosts[name].state.phase is not HostPhase.IDLE:
+                return
             runner = wanting[0]
             self._assign(runner, [name], spare_host=True)
-            self.log(f"[{runner.job}] spare host {name} joined: its spares go there")
+        self.log(f"[{runner.job}] spare host {name} joined: its spares go there")
 
     def _place_queued(self) -> None:
         for row in self.db.jobs((states.QUEUED,)):
+            nodes, per_node, spares = (int(row.request[k]) for k in ("nodes", "nproc_per_node", "spares"))
             with self._lock:
-                free = [self.in_service(p.host) for p in self.pool.values()]
-            where = place(free, int(row.request["nodes"]), int(row.request["nproc_per_node"]),
-                          int(row.request["spares"]))
-            if where is None:
-                continue
-            try:
-                store = self._start_store()
-                runner = self._runner(row.id, row.request, store)
-            except (ConfigError, OSError) as e:
+                where = place(self.free_hosts(), nodes, per_node, spares)
+                if where is None:
+                    continue
+                hosts, spare_hosts = where
+                for name in [*hosts, *spare_hosts]:
+                    self._apply(name, life.Reserved(row.id))
+            self._start(row, hosts, spare_hosts, per_node)
+
+    def _start(self, row: states.JobRow, hosts: list[str], spare_hosts: list[str], per_node: int) -> None:
+        """Start a job on hosts reserved for it: its store (seconds), its runner, then, as one
+        transaction with any cancel, the commit: only a job still queued is placed. A job
+        cancelled meanwhile never reaches an agent; its store is stopped, its hosts are free."""
+        reserved = [*hosts, *spare_hosts]
+        store = runner = None
+        try:
+            store = start_store(self.host)
+            runner = self._runner(row.id, row.request, store)
+        except (ConfigError, OSError) as e:
+            with self._lock:
                 self.db.ended(row.id, states.STOPPED, 2, str(e), None)
-                self.log(f"[{row.id}] refused: {e}")
-                continue
-            hosts, spare_hosts = where
-            self.db.started(row.id, {"hosts": hosts, "spare_hosts": spare_hosts}, store)
-            self.db.event(f"placed on {', '.join(hosts)}" + (f", spares on {', '.join(spare_hosts)}"
-                                                              if spare_hosts else ""), row.id)
-            with self._lock:
+                for name in reserved:
+                    self._apply(name, life.Unreserved(row.id))
+            if store is not None:
+                stop_store(store)
+            self.log(f"[{row.id}] refused: {e}")
+            return
+        placement = {"hosts": hosts, "spare_hosts": spare_hosts}
+        with self._lock:
+            placed = self.db.start_if_queued(row.id, placement, store)
+            if placed:
                 self.runners[row.id] = runner
-            runner.start([*hosts, *spare_hosts])
-            self._assign(runner, hosts, spare_host=False, per_node=int(row.request["nproc_per_node"]))
-            self._assign(runner, spare_hosts, spare_host=True)
-            self.log(f"[{row.id}] placed: ranks on {', '.join(hosts)}"
-                     + (f", spares on {', '.join(spare_hosts)}" if spare_hosts else ", no spare host yet"))
+                self.db.event(f"placed on {', '.join(hosts)}" + (f", spares on {', '.join(spare_hosts)}"
+                                                                  if spare_hosts else ""), row.id)
+                runner.start(reserved)
+                self._assign(runner, hosts, spare_host=False, per_node=per_node)
+                self._assign(runner, spare_hosts, spare_host=True)
+            else:
+                for name in reserved:
+                    self._apply(name, life.Unreserved(row.id))
+        if not placed:
+            stop_store(store)
+            self.log(f"[{row.id}] not started: it was cancelled while its rendezvous store started (store stopped)")
+            return
+        self.log(f"[{row.id}] placed: ranks on {', '.join(hosts)}"
+                 + (f", spares on {', '.join(spare_hosts)}" if spare_hosts else ", no spare host yet"))
 
     def in_service(self, host: Host) -> Host:
         """``host`` with only its devices that may take work (the registry's state of each)."""
@@ -240,24 +327,23 @@ class Service:
         return Host(host.name, tuple(d for d in host.devices if usable(d)), host.spare)
 
     def _assign(self, runner: JobRunner, names: list[str], spare_host: bool, per_node: int | None = None) -> None:
+        """(Under the lock.) The hosts ``names`` work for ``runner``'s job from now: each agent
+        gets the job's ``assign``, and the job's coordinator takes it in."""
         for name in names:
-            with self._lock:
-                pooled = self.pool.pop(name)
-                self.assigned[name] = runner.job
-            usable = self.in_service(pooled.host).devices
+            h = self.hosts[name]
+            self._apply(name, life.Assigned(runner.job))
+            usable = self.in_service(h.pool_view()).devices
             devices = list(usable[:per_node] if per_node else usable)
             if name not in runner.nodes:
                 runner.nodes.append(name)
             runner.spare_hosts[name] = len(devices) if spare_host else 0
             try:
-                pooled.channel.send(make("assign", job=runner.job, script=runner.cfg.script,
-                                         args=list(runner.cfg.script_args), env=runner.worker_env,
-                                         devices=devices, telemetry_period=runner.telemetry_period))
+                h.channel.send(make("assign", job=runner.job, script=runner.cfg.script,
+                                    args=list(runner.cfg.script_args), env=runner.worker_env,
+                                    devices=devices, telemetry_period=runner.telemetry_period))
             except OSError:
                 pass                         # its link closed: the job's coordinator sees it lost
-            self.db.host_state(name, f"job {runner.job}")
-            runner.events.put(ev.NodeConnected(name, {**pooled.hello, "devices": devices}, pooled.channel,
-                                               time.time()))
+            runner.events.put(ev.NodeConnected(name, h.agent.hello(devices), h.channel, time.time()))
 
     def _runner(self, job: str, request: dict[str, Any], store: dict[str, Any]) -> JobRunner:
         cfg = run_config(request, self.host, self.secret_file, self.allow_inject)
@@ -265,50 +351,41 @@ class Service:
                          registry=self.registry)
 
     def _job_ended(self, runner: JobRunner) -> None:
-        """From the job's thread: its hosts go back to the pool, its store goes."""
-        back = []
+        """From the job's thread: its hosts go back to the pool once their agents released it
+        (those whose release is still due are asked again: ``shutdown``), its store goes."""
+        ask = []
         with self._lock:
             self.runners.pop(runner.job, None)
+            released, lost = set(), set()
+            while True:                      # what reached the job's queue after its coordinator stopped reading
+                try:
+                    event = runner.events.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(event, ev.NodeReleased) and event.job == runner.job:
+                    released.add(event.node)
+                elif isinstance(event, ev.NodeLost):
+                    lost.add(event.node)
             for name in runner.nodes:
-                if self.assigned.get(name) == runner.job:
-                    del self.assigned[name]
-                    node = runner.coord.nodes.nodes.get(name)
-                    if node is not None and node.channel is not None and not _closed(node.channel):
-                        hello = {"node": name, "devices": list(node.devices), "spare": name in runner.spare_hosts
-                                 and runner.spare_hosts[name] > 0}
-                        host = self._host_of(name, node.devices, hello["spare"])
-                        self.pool[name] = _Pooled(host, hello, node.channel)
-                        back.append(name)
-        for name in back:
-            self.db.host_state(name, "idle")
-        _stop_store(runner.store)
+                h = self.hosts.get(name)
+                if h is None or h.state.phase is not HostPhase.BUSY or h.state.job != runner.job:
+                    continue
+                node = runner.coord.nodes.nodes.get(name)
+                if h.channel is None and node is not None:      # re-registered with this service for the job
+                    h.channel = node.channel
+                if h.channel is None or _closed(h.channel) or name in lost:
+                    self._apply(name, life.LinkLost())
+                    continue
+                done = name in released or (node is not None and node.lost and node.channel is h.channel)
+                if self._apply(name, life.JobEnded(runner.job, done)).phase is HostPhase.RELEASING:
+                    ask.append(h.channel)
+        for ch in ask:
+            try:
+                ch.send(make("shutdown", grace=0.0))
+            except OSError:
+                pass
+        stop_store(runner.store)
         self.pool_events.put(_Wake())
-
-    def _host_of(self, name: str, devices: list[str], spare: bool) -> Host:
-        known = next((h for h in self.db.hosts() if h["name"] == name), None)
-        return Host(name, tuple(known["devices"] if known else devices), spare)
-
-    # ------------------------------------------------------------------ stores
-    def _start_store(self) -> dict[str, Any]:
-        proc = subprocess.Popen([sys.executable, "-m", "hotspare.pg.storeproc", self.host], stdout=subprocess.PIPE,
-                                text=True, start_new_session=True)
-        line = proc.stdout.readline().strip()
-        if not line.isdigit():
-            proc.kill()
-            raise OSError(f"the job's rendezvous store did not start on {self.host}")
-        return {"host": self.host, "port": int(line), "pid": proc.pid}
-
-    def _store_alive(self, store: dict[str, Any]) -> dict[str, Any]:
-        try:
-            os.kill(int(store["pid"]), 0)
-            return store
-        except OSError:
-            pass
-        proc = subprocess.Popen([sys.executable, "-m", "hotspare.pg.storeproc", store["host"], str(store["port"])],
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
-        if not proc.stdout.readline().strip().isdigit():
-            raise OSError(f"the job's rendezvous store could not be started again on {store['host']}:{store['port']}")
-        return {**store, "pid": proc.pid}
 
     # ------------------------------------------------------------------ clients (link threads)
     def _client(self, ch: Channel, msg: Message) -> None:
@@ -337,23 +414,25 @@ class Service:
             return make("control_reply", ok=True, message=f"{len(jobs)} job(s)", jobs=jobs, hosts=self._hosts(),
                         report=self.db.report(job) if job is not None else None)
         if command == "cancel":
-            job = str(args["job"])
-            row = self.db.job(job)
-            if row is None:
-                raise ConfigError(f"no job {job[:64]!r}")
-            with self._lock:
-                runner = self.runners.get(job)
-            if runner is not None:
-                runner.cancel(origin)
-            elif row.state == states.QUEUED:
-                self.db.ended(job, states.CANCELLED, None, f"cancelled by {origin} before it was placed", None)
-            else:
-                raise ConfigError(f"job {job} has {row.state}")
-            self.log(f"CLIENT  {origin} cancelled {job}")
-            return make("control_reply", ok=True, message=f"job {job} cancelled")
+            return self._cancel(str(args["job"]), origin)
         if command == "inject":
             return self._to_job(str(args["job"]), {"type": "inject", "spec": str(args["spec"])[:1000]}, origin)
         raise ConfigError(f"unknown command {command[:32]!r}: submit, status, cancel or inject")
+
+    def _cancel(self, job: str, origin: str) -> Message:
+        """One transaction with placement's commit: a queued job is cancelled in the database (and
+        a placement under way then finds it so and starts nothing); a placed one is told to stop."""
+        with self._lock:
+            runner = self.runners.get(job)
+            if runner is not None:
+                runner.cancel(origin)
+            elif not self.db.cancel_if_queued(job, f"cancelled by {origin} before it was placed"):
+                row = self.db.job(job)
+                raise ConfigError(f"no job {job[:64]!r}" if row is None else f"job {job} has {row.state}")
+            else:
+                self.db.event(f"cancelled by {origin} while queued", job)
+        self.log(f"CLIENT  {origin} cancelled {job}")
+        return make("control_reply", ok=True, message=f"job {job} cancelled")
 
     def _hosts(self) -> list[dict[str, Any]]:
         """Every host the service knows, with its devices out of service (the registry's)."""
@@ -382,11 +461,12 @@ class Service:
             raise ConfigError("--nodes and --nproc-per-node must be 1..4096")
         if len(self.db.jobs((states.QUEUED,))) >= MAX_QUEUED:
             raise ConfigError(f"{MAX_QUEUED} jobs are queued already")
-        from hotspare.cli.preflight import preflight
-        preflight(run_config(request, self.host, self.secret_file, self.allow_inject))  # refuse a bad job now
-        job = self.db.next_job_id()
-        self.db.submit(job, request)
-        self.db.event(f"submitted by {origin}", job)
+        from hotspare.service.checks import service_preflight
+        service_preflight(run_config(request, self.host, self.secret_file, self.allow_inject))  # refuse a bad job now
+        with self._lock:
+            job = self.db.next_job_id()
+            self.db.submit(job, request)
+            self.db.event(f"submitted by {origin}", job)
         self.log(f"[{job}] submitted by {origin}: {request['nodes']} node(s) x {request['nproc_per_node']} + "
                  f"{request['spares']} spare(s): {request['script']}")
         self.pool_events.put(_Wake())
@@ -402,10 +482,3 @@ def _closed(ch: Channel) -> bool:
         return ch.sock.fileno() < 0
     except OSError:
         return True
-
-
-def _stop_store(store: dict[str, Any]) -> None:
-    try:
-        os.kill(int(store["pid"]), signal.SIGTERM)
-    except (OSError, KeyError, ValueError):
-        pass

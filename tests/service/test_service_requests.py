@@ -54,11 +54,11 @@ def test_submit_status_cancel(service, secret_file):
 
 @pytest.mark.parametrize("bad, why", [
     (job(run_args=["--hang-floor", "-1"]), "--hang-floor"),
-    (job(script="/no/such/train.py"), "not found"),
+    (job(script="train.py"), "absolute path"),
     (job(nodes=0), "1..4096"),
     (job(run_args=["--no-such-flag"]), "unrecognized"),
     # a client that skips `hotspare submit`'s own check meets the service's
-    (job(run_args=["--listen", "10.0.0.9:1"]), "--listen: the service sets"),
+    (job(run_args=["--listen", "10.0.0.9:1"]), "--listen: the service's --listen address is the job's"),
     (job(run_args=["--master-port", "1234"]), "--master-port"),
     (job(run_args=["--health-db", "/tmp/x.json"]), "--health-db"),
     (job(run_args=["--inject", "kill:rank=0:step=1"]), "--inject: .*coordinator --allow-inject"),
