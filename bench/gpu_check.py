@@ -215,7 +215,7 @@ def main(argv=None) -> int:
         why = (f"gpu_check: no CUDA here (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}, "
                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
                "nothing was checked: run it on a machine with an NVIDIA GPU")
-        print(why, flush=True)
+        print(why, file=sys.stderr, flush=True)
         if args.out:
             Path(args.out).write_text(json.dumps({**report, "passed": False, "no_cuda": why}, indent=1))
         return 2
