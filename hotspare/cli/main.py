@@ -23,6 +23,8 @@ SUBCOMMANDS = [
     ("health", "hotspare.cli.health"),   # also registers cordon / drain / uncordon
     ("check", "hotspare.cli.check"),     # admission and quarantine diagnostics
     ("inject", "hotspare.cli.inject"),   # a fault for a running job
+    ("events", "hotspare.cli.events"),   # a run's event stream (docs/OBSERVABILITY.md)
+    ("report", "hotspare.cli.report"),   # a run's report: summary, --plot
 ]
 
 

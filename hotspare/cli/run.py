@@ -70,6 +70,8 @@ def _fail(e: ConfigError) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = from_namespace(RunConfig, args)
+        from hotspare.observe.wiring import check_observe_arguments
+        check_observe_arguments(args)
         pre = preflight(cfg)
     except ConfigError as e:
         return _fail(e)
@@ -349,6 +351,8 @@ def _summary(log, report: dict, code: int) -> None:
             + (f" ({100 * share:.0f}%)" if share is not None else "")
             + f", from checkpoint: {report['recovered_from_checkpoint']} ({report['steps_lost']} steps "
               f"recomputed), steps repeated {report['steps_repeated']}, final digest {digest[:16]}")
+        for c in report.get("caveats") or ():
+            log(f"CAVEAT  the recovery of rank {c['rank']} at step {c['step']} may not be bitwise exact: {c['detail']}")
     else:
         log(f"job stopped after {report['steps_completed']} committed steps ({n} failure(s)): "
             f"{report['message'].splitlines()[0] if report['message'] else 'see above'}")

@@ -20,6 +20,13 @@ def add_observe_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--events", metavar="FILE", default=None, help=EVENTS_HELP)
 
 
+def check_observe_arguments(args: argparse.Namespace) -> None:
+    """ConfigError for a --metrics address that cannot be used, before anything starts."""
+    if args.metrics is not None:
+        from hotspare.observe.metrics import parse_address
+        parse_address(args.metrics)
+
+
 class Watch:
     """The observer of one run with its sinks; ``close`` writes the last records and stops them."""
 

@@ -47,9 +47,10 @@ class Prometheus:
             return f.read()[-4000:]
 
 
-@pytest.fixture
-def prometheus(tmp_path):
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
     """``start(target)``: a Prometheus scraping ``target`` (HOST:PORT) every 0.5 s."""
+    tmp_path = tmp_path_factory.mktemp("prometheus")
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("no `prometheus` binary: apt-get install -y prometheus (.ci/run does)")
