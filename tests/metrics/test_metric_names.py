@@ -104,3 +104,29 @@ def test_rank_0_commits_feed_step_time_and_telemetry_is_per_device():
     assert s[("hotspare_device_xid_errors_total", (("device", "n0/gpu0"),))] == 2
     assert s[("hotspare_device_state", (("device", "n0/gpu0"), ("state", "quarantined")))] == 1.0
     assert s[("hotspare_device_state", (("device", "n0/gpu0"), ("state", "healthy")))] == 0.0
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the reference Grafana dashboard, its variables filled in."""
+    import json
+    from pathlib import Path
+    dash = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana" / "hotspare.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", ())]
+    exprs += [a["expr"] for a in dash["annotations"]["list"]]
+    return [e.replace("$instance", ".*").replace("$__rate_interval", "1m").replace("$__range", "1h") for e in exprs]
+
+
+def test_the_grafana_dashboard_names_only_metrics_hotspare_exposes():
+    import re
+    m = RunMetrics()
+    _feed(m, ("failure", FAILURE), ("failover", RECOVERED), ("recovered", RECOVERED),
+          ("health_event", {"rule": "xid-79", "action": "failover"}),
+          ("devices", {"devices": [{"device": "n0/gpu0", "state": "healthy", "reason": ""}]}))
+    m.consume(ev.to_record(ev.Readings([Reading("n0/gpu0", T, "nvml", {
+        "temp_c": 70.0, "mem_temp_c": 75.0, "ecc_sbe_volatile": 1, "pcie_replay": 0, "nvlink_crc_errors": 0,
+        "clock_event_reasons": 0, "power_w": 300.0, "xids": ()})], T)))
+    exposed = {name for name, _ in _samples(m)}
+    queries = dashboard_queries()
+    assert len(queries) > 20
+    named = {n for q in queries for n in re.findall(r"\bhotspare_[a-z_]+", q)}
+    assert named and named <= exposed, sorted(named - exposed)

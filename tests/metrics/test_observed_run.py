@@ -109,3 +109,12 @@ def test_report_plots_the_loss_curve_and_the_downtime_by_phase(observed):
     assert plot.returncode == 0, plot.stdout + plot.stderr
     assert "#1 rank 2 SIGKILL at step 15: memory, lost 0" in plot.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def test_every_grafana_dashboard_query_is_promql_prometheus_accepts(observed):
+    from test_metric_names import dashboard_queries
+    for q in dashboard_queries():
+        answer = observed["prom"].get("/api/v1/query", query=q)
+        assert answer["status"] == "success", (q, answer)
+    # the headline panels have data for the faulted run
+    assert observed["prom"].value('sum(max_over_time(hotspare_failures_total{instance=~".*"}[1h]))') == 1
