@@ -63,6 +63,21 @@ def test_submit_status_cancel(service, secret_file):
     (job(run_args=["--health-db", "/tmp/x.json"]), "--health-db"),
     (job(run_args=["--inject", "kill:rank=0:step=1"]), "--inject: .*coordinator --allow-inject"),
     (job(run_args=["--allow-inject"]), "--allow-inject: .*coordinator --allow-inject"),
+    # what runs is what was submitted: no other script through run_args
+    (job(run_args=["--", "/tmp/other.py"]), "hold '--'"),
+    (job(run_args=["--log-every", "5", "/tmp/other.py"]), "would change what runs"),
+    # the flags the service owns, in either spelling, never abbreviated
+    (job(run_args=["--listen=10.0.0.9:1"]), "--listen: "),
+    (job(run_args=["--list", "10.0.0.9:1"]), "unrecognized --list"),
+    (job(run_args=["--nproc", "8"]), "--nproc: give the ranks per host as submit's --nproc-per-node"),
+    (job(run_args=["--nproc-per-node", "8"]), "--nproc-per-node: "),
+    (job(run_args=["--spares", "3"]), "--spares: give the spares as submit's --spares"),
+    (job(run_args=["--remote-nodes", "3"]), "--remote-nodes: give the hosts as submit's --nodes"),
+    (job(run_args=["--secret-file", "/tmp/s"]), "--secret-file: the service's secret"),
+    (job(run_args=["--checkpoint-key", "/tmp/k"]), "--checkpoint-key: the service's checkpoint key"),
+    (job(run_args=["--report", "/tmp/r.json"]), "--report: "),
+    (job(run_args=["--spawn", "exec"]), "--spawn: "),
+    (job(run_args=["--node-lease", "9"]), "--node-lease: "),
 ])
 def test_a_bad_job_is_refused_with_its_reason_and_nothing_is_queued(service, secret_file, bad, why):
     c = cli(service, secret_file)
@@ -129,3 +144,35 @@ def test_placement_gives_a_job_only_devices_in_service_and_status_says_which_are
     service.db.host("hostb", ["hostb/cpu0", "hostb/cpu1"], False, "idle")
     (row,) = request(cli(service, secret_file), "status")["hosts"]
     assert row["out_of_service"] == {"hostb/cpu0": "cordoned"}
+
+
+def test_the_client_refuses_a_flag_the_service_owns_before_sending(secret_file, tmp_path):
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "hotspare", "submit", "--coordinator", "127.0.0.1:9",
+                           "--secret-file", secret_file, "--spawn", "exec", "--", str(EXAMPLE)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--spawn: each host's agent decides" in done.stderr, done.stderr
+
+
+def test_submit_makes_nothing_on_the_services_host_and_tells_nothing_of_its_paths(service, secret_file, tmp_path):
+    """Checks on the service's host were a probe: they made --checkpoint-dir there and said
+    whether a path existed. Paths are met where the job runs; the files the service must read
+    for a job are refused alike, whatever is wrong with them."""
+    c = cli(service, secret_file)
+    made = tmp_path / "not" / "made"
+    assert request(c, "submit", **job(run_args=["--checkpoint-dir", str(made)]))["ok"]
+    assert request(c, "submit", **job(script=str(tmp_path / "no-such.py")))["ok"]   # found missing where it runs
+    assert not made.exists() and not made.parent.exists()
+    answers = set()
+    for path in ("/no/such/dir", "/etc", str(tmp_path)):
+        with pytest.raises(LookupError) as e:
+            request(c, "submit", **job(run_args=["--resume", path]))
+        answers.add(str(e.value).replace(path, "PATH"))
+    assert len(answers) == 1 and "no checkpoint of this service's jobs" in answers.pop()
+    answers = set()
+    for path in ("/no/such/rules.toml", "/etc/passwd", "/etc", "/dev/zero"):
+        with pytest.raises(LookupError) as e:
+            request(c, "submit", **job(run_args=["--health-rules", path]))
+        answers.add(str(e.value).replace(path, "PATH"))
+    assert len(answers) == 1 and "not a rules file the service can use" in answers.pop()
