@@ -51,7 +51,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
-import gpu_sections as S  # noqa: E402  (the sections themselves: bench/gpu_sections.py)
+import gpu_failover  # noqa: E402  (the sections themselves: bench/gpu_failover.py, bench/gpu_sections.py)
+import gpu_sections  # noqa: E402
 
 # name -> its time limit (seconds); run in this order (the items first)
 SECTIONS = {"failover": 150, "nccl": 45, "snapshot": 40, "nvml": 20, "burn_in": 45,
@@ -138,7 +139,9 @@ def run_section(args) -> int:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
     with s.step("section"):
-        getattr(S, f"check_{args.section}")(s, args, torch, dev)
+        check = gpu_failover.check_failover if args.section == "failover" else \
+            getattr(gpu_sections, f"check_{args.section}")
+        check(s, args, torch, dev)
     sys.stdout.flush()
     sys.stderr.flush()
     # os._exit: an aborted NCCL communicator or a busy stream must not hang the interpreter's exit
