@@ -2,6 +2,7 @@
 
     python bench/overhead.py                          # 5M model, 4 ranks each, 3 rounds (~13 min)
     python bench/overhead.py --model 1m --steps 300   # quicker
+    python bench/overhead.py --observe                # hotspare with --metrics (scraped every second) and --events on
     PYTHONPATH=/path/to/other/checkout python bench/overhead.py   # measure another hotspare
 
 Run one after the other, the two jobs meet different machines: on a shared 2-core VM the step
@@ -119,30 +120,62 @@ def per_step(points: list[tuple[float, int, dict]], t0: float, t1: float) -> tup
     return out, s1 - s0
 
 
-def commands(model: str, steps: int, port: int) -> dict[str, list[str]]:
+def commands(model: str, steps: int, port: int, observe: tuple[int, str] | None = None) -> dict[str, list[str]]:
+    """``observe``: (metrics port, events file) to run hotspare with --metrics and --events on."""
     script = [str(EXAMPLE), "--model", model, "--steps", str(steps)]
+    watch = [] if observe is None else ["--metrics", f"127.0.0.1:{observe[0]}", "--events", observe[1]]
     return {
         "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
                      "--master-port", str(port), *script],
         "hotspare": [sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1",
-                     "--log-every", "1", "--", *script],
+                     "--log-every", "1", *watch, "--", *script],
     }
 
 
-def one_round(model: str, steps: int, warmup: int, first: str, port: int) -> dict:
+class Scraper:
+    """GET /metrics every ``period`` seconds while the jobs run, as Prometheus would (its cost
+    lands in hotspare's launcher); counts the scrapes that answered."""
+
+    def __init__(self, port: int, period: float = 1.0):
+        self.url, self.period, self.ok = f"http://127.0.0.1:{port}/metrics", period, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+        while not self._stop.wait(self.period):
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as r:
+                    self.ok += bool(r.read())
+            except OSError:
+                pass                      # not up yet, or already gone
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.ok
+
+
+def one_round(model: str, steps: int, warmup: int, first: str, port: int, observe: bool = False) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            "HOTSPARE_LOG_EVERY_S": "0"}   # torchrun's rank 0 prints every step: the window's marks
-    cmds = commands(model, steps, port)
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="overhead-")
+    metrics_port = free_port() if observe else 0
+    cmds = commands(model, steps, port, (metrics_port, os.path.join(tmp, "events.jsonl")) if observe else None)
     order = [first] + [n for n in cmds if n != first]
     jobs = {n: Job(n, cmds[n], env) for n in order}
+    scraper = Scraper(metrics_port) if observe else None
     for job in jobs.values():
         code = job.wait(3600)
         if code != 0:
             raise RuntimeError(f"{job.name} exited with {code}:\n{''.join(job.tail)}")
+    scrapes = scraper.stop() if scraper is not None else None
     # The common steady-state window: both past warm-up, neither in its last steps yet.
     start = max(next(t for t, s, _ in j.points if s >= warmup) for j in jobs.values())
     end = min(next(t for t, s, _ in j.points if s >= steps - 3) for j in jobs.values())
-    out = {"first": first, "window_s": end - start}
+    out = {"first": first, "window_s": end - start, "observed": observe, "scrapes": scrapes}
     for n, j in jobs.items():
         out[n], out[f"{n}_steps"] = per_step(j.points, start, end)
     out["ratio"] = out["hotspare"]["all"] / out["torchrun"]["all"]
@@ -151,16 +184,18 @@ def one_round(model: str, steps: int, warmup: int, first: str, port: int) -> dic
     return out
 
 
-def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 10, say=print) -> dict:
+def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 10, say=print,
+            observe: bool = False) -> dict:
     results = []
     for r in range(rounds):
         first = ("torchrun", "hotspare")[r % 2]
-        res = one_round(model, steps, warmup, first, free_port())
+        res = one_round(model, steps, warmup, first, free_port(), observe)
         results.append(res)
         t, h = res["torchrun"], res["hotspare"]
         say(f"   round {r + 1}: CPU per step, torchrun {1000 * t['all']:7.1f} ms ({res['torchrun_steps']} steps), "
             f"hotspare {1000 * h['all']:7.1f} ms ({res['hotspare_steps']} steps): ratio {res['ratio']:.4f}   "
-            f"[{first} started first, window {res['window_s']:.0f} s]")
+            f"[{first} started first, window {res['window_s']:.0f} s"
+            + (f"; hotspare observed: {res['scrapes']} scrapes of /metrics, events file on]" if observe else "]"))
         say(f"      workers {1000 * t['worker']:7.1f} / {1000 * h['worker']:7.1f} ms (ratio {res['workers_ratio']:.4f})"
             f"   launcher {1000 * t['launcher']:5.2f} / {1000 * h['launcher']:5.2f} ms   spare {1000 * h['spare']:5.2f} ms"
             f"   wall/step {1000 * t['wall']:6.1f} / {1000 * h['wall']:6.1f} ms (ratio {res['wall_ratio']:.4f})")
@@ -171,7 +206,7 @@ def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 
     base = statistics.median(r["torchrun"]["all"] for r in results)
     extra = {role: statistics.median(r["hotspare"][role] - (r["torchrun"][role] if role != "spare" else 0.0)
                                      for r in results) / base for role in ("launcher", "spare")}
-    return {"model": model, "steps": steps, "rounds": results, "ratio_median": statistics.median(ratios),
+    return {"model": model, "steps": steps, "observe": observe, "rounds": results, "ratio_median": statistics.median(ratios),
             "ratio_mean": statistics.mean(ratios),
             "ratio_stdev": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
             "workers_ratio_median": statistics.median(r["workers_ratio"] for r in results),
@@ -186,14 +221,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds, alternating which job starts first (default: 3)")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start (default: 10)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--observe", action="store_true",
+                   help="run hotspare with --metrics (scraped every second) and --events on (docs/OBSERVABILITY.md)")
     args = p.parse_args()
     if args.steps < args.warmup + 10:
         p.error(f"--steps must be at least --warmup + 10 = {args.warmup + 10}")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
-    print(f"model {args.model}, torchrun and hotspare side by side, 4 ranks each (+1 spare), "
-          f"{os.cpu_count()} cores", flush=True)
-    res = measure(args.model, args.steps, args.rounds, args.warmup)
+    print(f"model {args.model}, torchrun and hotspare{' (metrics and events on)' if args.observe else ''} side by "
+          f"side, 4 ranks each (+1 spare), {os.cpu_count()} cores", flush=True)
+    res = measure(args.model, args.steps, args.rounds, args.warmup, observe=args.observe)
     print(f"hotspare / torchrun CPU per step: median {res['ratio_median']:.4f}, mean {res['ratio_mean']:.4f} "
           f"+- {res['ratio_stdev']:.4f} (sd over {args.rounds} rounds)   target < 1.005")
     print(f"   of which: workers {res['workers_ratio_median']:.4f}; hotspare's launcher beyond torchrun's "
