@@ -62,7 +62,7 @@ class StateDB:
     def __init__(self, directory: str | Path):
         """Open (or make) ``DIRECTORY/coordinator.db``; ``dbcheck.StateDBError`` when it is
         damaged, or cannot be opened or made."""
-        self.path = Path(directory) / "coordinator.db"
+        self.path = Path(directory).absolute() / "coordinator.db"
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -81,6 +81,7 @@ class StateDB:
         self.backup()
 
     def close(self) -> None:
+        self.backup()
         with self._lock:
             self._db.close()
 
@@ -160,10 +161,12 @@ class StateDB:
         return json.loads(rows[0][0]) if rows and rows[0][0] else None
 
     # ------------------------------------------------------------------ a running job's coordinator state
-    def save_state(self, job: str, state: dict[str, Any]) -> None:
+    def save_state(self, job: str, state: dict[str, Any], backup: bool = False) -> None:
+        """``backup``: a decision of the job's coordinator changed it (the backup follows now,
+        else at most every ``dbcheck.BACKUP_EVERY_S``)."""
         self._write("INSERT INTO job_state VALUES (?, ?, ?) ON CONFLICT(job) DO UPDATE SET state=excluded.state, "
                     "saved=excluded.saved", job, json.dumps(state, allow_nan=False), time.time())
-        if time.monotonic() - self._backed_up >= dbcheck.BACKUP_EVERY_S:
+        if backup or time.monotonic() - self._backed_up >= dbcheck.BACKUP_EVERY_S:
             self.backup()
 
     def load_state(self, job: str) -> dict[str, Any] | None:

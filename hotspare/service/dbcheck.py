@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sqlite3
 import time
 from pathlib import Path
@@ -130,9 +131,12 @@ def refusal(path: Path, what: str) -> StateDBError:
              "every job and host it knew is forgotten.")
     if unusable is not None:
         return StateDBError(f"{head} No usable backup to restore ({unusable}): {fresh}")
+    q = {name: shlex.quote(str(p)) for name, p in (("db", path), ("damaged", f"{path}.damaged"), ("wal", f"{path}-wal"),
+                                                     ("shm", f"{path}-shm"), ("backup", backup))}
     return StateDBError(
         f"{head} Restore the backup the service keeps ({backup}, {how}; later changes are lost): with the "
-        f"service stopped, run\n  mv {path} {path}.damaged && rm -f {path}-wal {path}-shm && cp {backup} {path}\n"
+        f"service stopped, run\n  mv {q['db']} {q['damaged']} && rm -f {q['wal']} {q['shm']} && cp {q['backup']} "
+        f"{q['db']}\n"
         f"then start the service again. Or {fresh}")
 
 

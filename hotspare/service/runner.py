@@ -152,7 +152,7 @@ class JobRunner:
                len(self.ledger.failures), len(self.ledger.migrations), tuple(n.detached()))
         now = time.time()
         if force or key != self._saved_key or now - self._saved_at >= SAVE_EVERY_S:
-            self.db.save_state(self.job, persist.capture(self.coord))
+            self.db.save_state(self.job, persist.capture(self.coord), backup=force)
             self._saved_key, self._saved_at = key, now
 
     def _rejoin(self, state: dict[str, Any]) -> None:
