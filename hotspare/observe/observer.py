@@ -50,7 +50,7 @@ class Observer:
         self._spares: tuple[int, int] | None = None
         self._devices: list[dict[str, Any]] | None = None
         self._devices_at = 0.0
-        self.closed = False
+        self.closed = self.broken = False
 
     def install(self, coordinator) -> "Observer":
         for cls in ev.EVENT_KINDS.values():
@@ -63,13 +63,20 @@ class Observer:
         self.sync()
 
     def on_event(self, event: ev.Event) -> None:
-        if not self._noise(event):
-            self.emit(ev.to_record(event))
-        self.sync(force_devices=isinstance(event, ev.DeviceChecked))
+        if self.broken:
+            return
+        try:
+            if not self._noise(event):
+                self.emit(ev.to_record(event))
+            self.sync(force_devices=isinstance(event, ev.DeviceChecked))
+        except Exception as e:     # noqa: BLE001 - watching must never stop the job it watches
+            self.broken = True
+            print(f"hotspare: the event observer failed and stops ({type(e).__name__}: {e}); the job goes on, "
+                  "without metrics or event stream from here", file=sys.stderr, flush=True)
 
     def close(self, code: int | None, report: dict[str, Any]) -> None:
         """The run ended: the last outcomes, then ``run_end`` with the report's totals."""
-        if self.closed:
+        if self.closed or self.broken:
             return
         self.sync(force_devices=True)
         keys = ("outcome", "message", "steps_completed", "total_steps", "failures_total", "recovered_zero_loss",

@@ -5,6 +5,7 @@ beside the report, ``R.events.jsonl`` (``--events FILE`` chooses another place).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any, Callable, Iterator
@@ -31,11 +32,26 @@ class EventFile:
         self.path = path
 
     def __call__(self, rec: dict[str, Any]) -> None:
-        self._f.write(json.dumps(rec, separators=(",", ":"), allow_nan=False, default=str) + "\n")
+        try:
+            line = json.dumps(rec, separators=(",", ":"), allow_nan=False, default=str)
+        except ValueError:          # a NaN or an infinity somewhere (a telemetry reading): as text
+            line = json.dumps(_finite(rec), separators=(",", ":"), allow_nan=False, default=str)
+        self._f.write(line + "\n")
         self._f.flush()
 
     def close(self) -> None:
         self._f.close()
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float as its text ("nan", "inf"): JSON has no NaN."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _parse(line: str, where: str) -> dict[str, Any]:

@@ -105,3 +105,22 @@ def test_observer_says_a_killed_rank_once_per_stage_with_the_ledgers_own_times()
     assert recovered["data"]["downtime_s"] == pytest.approx(0.5) and recovered["data"]["phases_s"]["decide"] == \
         pytest.approx(0.1)
     assert all(ev.check_record(json.loads(json.dumps(r))) for r in seen)
+
+
+def test_a_nan_reading_is_written_as_text_and_a_broken_sink_never_stops_the_observer(tmp_path):
+    from hotspare.observe.stream import EventFile, read
+    path = str(tmp_path / "e.jsonl")
+    sink = EventFile(path)
+    rec = ev.to_record(ev.Readings([Reading("n0/gpu0", T, "nvml", {"power_w": float("nan")})], T))
+    sink(rec)
+    sink.close()
+    assert read(path)[0]["data"]["readings"][0]["metrics"]["power_w"] == "nan"
+
+    view, ledger = _failover_ledger()
+    seen = []
+
+    def broken(rec):
+        raise OSError(28, "No space left on device")
+    obs = Observer(ledger, view, [broken, seen.append], clock=lambda: T)
+    obs.on_event(ev.WorkerExited("w2", -9, T))
+    assert broken not in obs.sinks and [r["kind"] for r in seen][:2] == ["worker_exited", "failure"]
