@@ -3,7 +3,10 @@
 The agent registers with no job; the service places jobs on it (``assign``: the script, its
 arguments, the worker contract and the device slots this job may use), and for each one it
 runs a ``NodeAgent`` over the same link until the job's coordinator shuts its part down; then
-it says ``released`` and waits for the next job.
+it says ``released`` and waits for the next job. One job at a time: an ``assign`` while a job
+still runs here is refused (the service places only a host whose agent said ``released``,
+``hotspare.service.hostlife``), and a ``shutdown`` for the job it already left is answered
+with ``released`` again.
 
 The link outlives a crash of the service (``ServiceLink``). When it closes, the agent keeps its
 workers training and reconnects; meanwhile what it would send waits in a bounded buffer, in
@@ -72,6 +75,7 @@ class ServiceLink:
         self.address, self._secret, self.node, self.devices, self.spare = address, secret, node, devices, spare
         self.say, self.device_faults = say, device_faults
         self.job: JobUplink | None = None
+        self.last_job = ""                 # the job this node ran last, once its part of it ended
         self.alive: Callable[[], list[str]] = lambda: []
         self.assignments: "queue.Queue[Message]" = queue.Queue()
         self.fenced = threading.Event()
@@ -176,10 +180,19 @@ class ServiceLink:
                 if self.job is not None:
                     self.on_fence(f"the coordinator refused this node: {msg['message']}")
             elif kind == "assign":
+                if self.job is not None:      # the service places only a host that released its last job
+                    self.say(f"refusing job {str(msg['job'])[:64]}: job {self.job.job} still runs here")
+                    self.send(make("refused", command="assign", message=f"job {self.job.job} still runs on "
+                                   f"{self.node}; it takes the next job once it said released"))
+                    continue
                 self.job = JobUplink(msg["job"], self)
                 self.assignments.put(msg)
             elif self.job is not None:
                 self.job.commands.put(msg)
+            elif kind == "shutdown" and self.last_job:
+                # the service asks again for a job this node already left: say so again (the word may
+                # have crossed the job's end), so the host goes back to the pool
+                self.send(make("released", job=self.last_job))
             else:
                 self.say(f"ignoring {kind!r}: no job runs on this node")
         with self._lock:
@@ -212,6 +225,8 @@ class ServiceLink:
     def end_job(self) -> None:
         """This node's part of the current job is over: back to the pool."""
         with self._lock:
+            if self.job is not None:
+                self.last_job = self.job.job
             self.alive, self.job = (lambda: []), None
             self._waiting.clear()
 
