@@ -115,8 +115,9 @@ class Section:
 
     @contextmanager
     def step(self, name: str):
-        """One step of a section: an exception ends the step (recorded), not the section."""
-        self.data["running"] = name
+        """One step of a section: an exception ends the step (recorded), not the section. Steps
+        nest: "running" names the innermost, and the outer one again after it."""
+        outer, self.data["running"] = self.data["running"], name
         self.save()
         t0 = time.perf_counter()
         try:
@@ -126,22 +127,23 @@ class Section:
                                         "traceback": traceback.format_exc()[-4000:]})
         finally:
             self.data["measured"].setdefault("step_seconds", {})[name] = round(time.perf_counter() - t0, 3)
-            self.data["running"] = None
+            self.data["running"] = outer
             self.save()
 
 
 def run_section(args) -> int:
     """In the child: run one section on the device; its findings go to --section-out."""
-    import torch
     s = Section(args.section_out)
-    dev = torch.device(args.device)
-    with s.step("set-up"):
+    with s.step("set-up (import torch, bind the device)"):
+        import torch
+        dev = torch.device(args.device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-    with s.step("section"):
-        check = gpu_failover.check_failover if args.section == "failover" else \
-            getattr(gpu_sections, f"check_{args.section}")
-        check(s, args, torch, dev)
+    if not s.data["errors"]:          # else no device to check: the set-up's error says why
+        with s.step("section"):
+            check = gpu_failover.check_failover if args.section == "failover" else \
+                getattr(gpu_sections, f"check_{args.section}")
+            check(s, args, torch, dev)
     sys.stdout.flush()
     sys.stderr.flush()
     # os._exit: an aborted NCCL communicator or a busy stream must not hang the interpreter's exit
@@ -171,7 +173,7 @@ def _child(name: str, args, limit: float, tmp: str) -> dict:
     try:
         data = json.loads(Path(out).read_text())
     except (OSError, ValueError):
-        data = {"criteria": {}, "measured": {}, "errors": [], "running": None}
+        data = {"criteria": {}, "measured": {}, "errors": [], "running": "starting Python (nothing recorded yet)"}
     res = {"what": WHAT[name], "seconds": round(seconds, 2), "limit_s": round(limit, 1), **data}
     problems = [c for c, v in data["criteria"].items() if not v["ok"]]
     if timed_out:
