@@ -140,6 +140,9 @@ class Ledger:
     message: str = ""
     fault_at: dict[str, float] = field(default_factory=dict)      # worker -> when a fault was injected into it
     fences: dict[str, tuple[float, FailureCause, str]] = field(default_factory=dict)  # worker -> (t, cause, rule)
+    # rank -> {"parts", "first_step", "last_step", "steps"}: the rank's script changed its per-rank state
+    # after the step's gradient exchange (runtime/rankstate.py); a replacement of that rank cannot get it
+    after_exchange: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ failures and migrations
     def fault_injected(self, worker: str, t: float) -> None:
@@ -272,6 +275,29 @@ class Ledger:
             return True
         return False
 
+    def changed_after_exchange(self, rank: int, step: int, parts: list[str]) -> None:
+        rec = self.after_exchange.setdefault(rank, {"parts": [], "first_step": step, "last_step": step, "steps": 0})
+        rec["parts"] = sorted(set(rec["parts"]) | set(parts))
+        rec["last_step"], rec["steps"] = step, rec["steps"] + 1
+
+    def caveats(self) -> list[dict[str, Any]]:
+        """Recoveries whose bitwise equality hotspare cannot vouch for: the lost rank's script
+        changes its per-rank state after the step's gradient exchange (a rank-0-only evaluation
+        after the backward or after the step block), which its replacement cannot receive if
+        the rank died between that change and its next exchange."""
+        out = []
+        for f in self.failures:
+            rec = self.after_exchange.get(f.rank)
+            if rec is None or f.recovery_path != "memory":
+                continue
+            out.append({"rank": f.rank, "step": f.step, "parts": rec["parts"], "detail": (
+                f"rank {f.rank}'s script changed {', '.join(rec['parts'])} after the gradient exchange "
+                f"({rec['steps']} steps, {rec['first_step']}..{rec['last_step']}): if rank {f.rank} died between such "
+                "a change and its next exchange, its replacement started without it and the run may differ "
+                "from one without the failure. Move that work to the top of the loop body (before `with "
+                "step:`) or inside `with torch.random.fork_rng():`")})
+        return out
+
     def max_committed(self) -> int:
         return max(self.commits.values(), default=-1)
 
@@ -295,6 +321,9 @@ class Ledger:
             "checkpoint_fallbacks": list(self.checkpoint_fallbacks),   # checkpoints refused on load, and what was used
             "checkpoints": list(self.checkpoints),   # {"step", "path", "generation" it was reported in}, in order
             "zero_loss_share": (len(memory) / len(self.failures)) if self.failures else None,
+            # recoveries that may not be bitwise (see caveats()); "exact_share" counts the others
+            "caveats": self.caveats(),
+            "changed_after_exchange": {str(r): dict(v) for r, v in sorted(self.after_exchange.items())},
             "final_state_digest": next(iter(digests)) if len(digests) == 1 else None,
             "replica_digests": {str(r): d for r, d in sorted(self.digests.items())},
             "replicas_consistent": len(digests) <= 1,

@@ -115,6 +115,13 @@ class WorkerMessages:
                            "from the rank or world size before init() differs on a spare)", t)
             return None
         self.progress.step_committed(t)
+        parts = msg.get("after_exchange")
+        if isinstance(parts, list) and parts and all(isinstance(x, str) and len(x) <= 200 for x in parts[:64]):
+            if rank not in self.ledger.after_exchange:
+                self.log(f"NOTE    rank {rank} changed {', '.join(parts[:8])} after the gradient exchange of step "
+                         f"{step}: if it is lost before its next exchange its replacement cannot get that state "
+                         "(the report will say so)")
+            self.ledger.changed_after_exchange(rank, step, parts[:64])
         check, fp, check_cpu = (msg.get(k) if isinstance(msg.get(k), (int, float)) else None
                                 for k in ("check", "fp", "check_cpu"))
         if self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t,

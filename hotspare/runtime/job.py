@@ -54,6 +54,7 @@ from hotspare.runtime.rankstate import GradState, RankState, RowTable
 from hotspare.runtime.state import StateRegistry
 from hotspare.runtime.statesync import StateSync
 from hotspare.runtime.steps import Outcome, StepProtocol
+from hotspare.runtime.undo import Undo
 
 # Outside hotspare run, rank 0's job.log prints at most every PLAIN_LOG_EVERY_S seconds (and at
 # the last step); HOTSPARE_LOG_EVERY_S overrides it (0: every step, as bench/overhead.py needs).
@@ -81,8 +82,9 @@ class Step(int):
 
 class _NextStep:
     """``with job.step():`` -- the next step, for loops the script drives itself (over a
-    ``job.loader``). A failure inside is recovered before the block is left: the loop's next
-    batch is the failed step's batch again, and the next ``job.step()`` re-runs the step."""
+    ``job.loader``). A failure inside is swallowed; as the loop takes its next batch, what the
+    rest of the iteration did is undone, the failure is recovered, the batch is the failed
+    step's batch again, and the next ``job.step()`` re-runs the step."""
 
     def __init__(self, job: "Job"):
         self._job = job
@@ -94,10 +96,9 @@ class _NextStep:
         return self._step
 
     def __exit__(self, et, ev, tb) -> bool:
-        swallowed = self._job._exit_step(self._step, ev)
-        if swallowed:
-            self._job._recover_all()
-        return swallowed
+        # A recovered failure is swallowed; the recovery itself runs at the top of the loop's
+        # next iteration (Job._resume_point), after the rest of this one, which it undoes.
+        return self._job._exit_step(self._step, ev)
 
 
 class Job:
@@ -130,6 +131,9 @@ class Job:
         self._ddps: list[torch.nn.Module] = []
         self._plain = (0, 1)                  # (rank, world size) outside hotspare run
         self._checked_tracking = False
+        self._undo: Undo | None = None        # what a failed attempt's iteration must not keep
+        self._rewind = False                  # a failed attempt is undone at the next resume point
+        self._top: tuple[int, torch.Tensor] | None = None   # (step, per-rank state) at the iteration's top
         self._persist = Persister(self.registry, on_done=self._report_checkpoint, env=env)
         self.protocol = StepProtocol(self.progress, None, None, None, self.rankstate, self.grads, self.rows,
                                      self.loaders, self.hooks, self.collectives)
@@ -293,8 +297,10 @@ class Job:
         self.ensure_synced()
         start = max((l.next_epoch() for l in self.loaders), default=0)
         for epoch in range(start, total):
+            self._resume_point()
             self.epoch = epoch
             yield epoch
+        self._resume_point()
         self.epoch = None
         self._finish_all()
 
@@ -320,6 +326,7 @@ class Job:
             return
         self.ensure_synced()
         while True:
+            self._resume_point()
             step = self._next_step(total)
             if step >= total:
                 if self._finish():
@@ -400,7 +407,33 @@ class Job:
 
     def _begin_context_step(self) -> int:
         self.ensure_synced()
+        self._resume_point(capture=False)
         return self._next_step() if self.managed else self.committed + 1
+
+    def _resume_point(self, capture: bool = True) -> None:
+        """The top of a loop iteration, between steps (the ``job.steps``/``job.epochs``
+        generators, a ``job.loader`` about to take the next step's batch). After a failed
+        attempt, undo what the rest of its iteration did (runtime/undo.py; per-rank state back
+        to this point of the failed iteration) and recover. Then note this rank's per-rank state
+        here: what changed since its step committed reaches its peers with its next exchange,
+        and the coordinator hears of it (runtime/rankstate.py, RowTable)."""
+        if not self.managed or self.protocol.current is not None:
+            return
+        if self._undo is not None:
+            undo, self._undo = self._undo, None
+            undo.restore()
+        self._recover_all()
+        top, rewind, self._rewind = self._top, self._rewind, False
+        if rewind and top is not None and top[0] == self.committed + 1:
+            self.rankstate.restore(top[1], data_position=False)
+            return
+        if not capture:
+            return
+        now = self.rankstate.capture()
+        own = self.rows.own_at_commit
+        if own is not None and own.numel() == now.numel() and not torch.equal(own, now):
+            self.protocol.changed_between.update(self.rankstate.changed_parts(own, now))
+        self._top = (self.committed + 1, now)
 
     def _enter_step(self, step: int) -> None:
         self.protocol.enter(step)
@@ -410,6 +443,9 @@ class Job:
         outcome = self.protocol.exit(step, ev)
         if outcome is Outcome.COMMITTED and self.managed and self.rank == 0:
             self._persist.after_commit(step)      # a finished write reports itself
+        if outcome is Outcome.RECOVER and self.progress.applied < step:
+            # The rest of the loop body still runs for this attempt: keep what it must not change.
+            self._undo, self._rewind = Undo(self.registry.objects()), True
         return outcome is Outcome.RECOVER
 
     def _finish_all(self) -> None:

@@ -167,6 +167,10 @@ class ResumableLoader:
     def _batches(self) -> Iterator:
         it = self._it
         while True:
+            # Between steps (a no-op inside one): undo a failed attempt's iteration and recover
+            # before choosing the batch; at an epoch's first batch the iteration's top was noted
+            # before the epoch's iterator was made (job.epochs).
+            self._job._resume_point(capture=self._consumed > 0)
             if self._it is not it:          # the position was moved to another epoch (a restore)
                 return
             i = self._consumed

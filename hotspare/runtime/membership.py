@@ -192,8 +192,10 @@ class Membership:
                                 float(msg.get("join_timeout") or HANDOFF_JOIN_TIMEOUT_S))
             self.hooks.transfer(msg["gen"], self.rank, "source")
             step = self.progress.committed
+            # its state as its last step committed (with what it did after that step's exchange)
             table = self.rows.rows_for(step)
-            own = (table.view(self.world_size, -1)[self.rank].clone() if table is not None
+            own = (self.rows.own_at_commit if self.rows.own_at_commit is not None
+                   else table.view(self.world_size, -1)[self.rank].clone() if table is not None
                    else self.rankstate.capture())
             stats = self.sync.send(group.store, "state/handoff", step, own, 1, 0, [1])
             self.link.send("handed_off", gen=msg["gen"], rank=self.rank, bytes=stats.bytes, seconds=stats.seconds)

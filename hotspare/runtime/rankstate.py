@@ -184,14 +184,18 @@ class RankState:
             off += p.nbytes
         return out
 
-    def restore(self, blob: torch.Tensor) -> None:
+    def restore(self, blob: torch.Tensor, data_position: bool = True) -> None:
+        """Load ``blob``; ``data_position=False`` leaves the loaders' positions alone (a loader
+        rolls its own position back to the last commit)."""
         layout = self.layout()
         if blob.numel() != sum(p.nbytes for p in layout):
             raise ValueError(f"per-rank state of {blob.numel()} bytes does not fit this rank's layout "
                              f"({self.signature()}); every rank must track the same objects")
+        skip = set() if data_position else {id(p) for p in self.parts}
         off = 0
         for p in layout:
-            p.load(blob[off:off + p.nbytes])
+            if id(p) not in skip:
+                p.load(blob[off:off + p.nbytes])
             off += p.nbytes
 
     def digest(self, blob: torch.Tensor) -> str:
@@ -206,6 +210,15 @@ class RankState:
                 h.update(blob[off:off + p.nbytes].numpy().tobytes())
             off += p.nbytes
         return h.hexdigest()
+
+    def changed_parts(self, a: torch.Tensor, b: torch.Tensor) -> list[str]:
+        """The names of the parts that differ between two captures of this layout."""
+        out, off = [], 0
+        for p in self.layout():
+            if not torch.equal(a[off:off + p.nbytes], b[off:off + p.nbytes]):
+                out.append(p.name)
+            off += p.nbytes
+        return out
 
     def part_digests(self, blob: torch.Tensor) -> dict[str, str]:
         """Part name -> a short digest: which part of two ranks' states differs."""
@@ -257,40 +270,63 @@ class GradState:
 class RowTable:
     """Every rank's per-rank state, gathered at each step; the rows of the last two steps.
 
-    ``begin`` starts the gather as the step's gradient reduction starts (the forward is done);
-    ``finish`` waits for it before any optimizer steps, so a rank that applied step k holds every
-    rank's row of step k. ``settle`` at the commit gathers again if this rank's state changed
-    after the gather began, or gathers for the first time in a step without a DDP backward. The
-    rows of the step before stay too: a rank whose step fails after the gather (a failed vote)
-    is still at that step, and may be the source."""
+    Every gradient exchange gathers: ``begin`` starts the gather as a backward's reduction
+    starts (its forward is done), ``finish`` waits for it before any optimizer steps, so a rank
+    that applied step k holds every rank's row of step k as of the step's *last* exchange (a
+    step with two backward passes, a GAN's, gathers twice). A step with no exchange at all
+    gathers at its end (``close``). Which gathers run depends only on the program's path
+    through the step, the same on every rank: never on what one rank alone did (a rank-0-only
+    evaluation after the backward), so no rank ever waits in a gather its peers do not join.
+
+    What a rank changes in its own state after its step's last exchange (random numbers drawn
+    by rank-0-only work after the backward, after the ``with step:`` block or between steps)
+    reaches its peers with its next exchange. ``close`` notices it on the rank that did it
+    (``changed_after_exchange``): if that rank is lost before its next exchange, its replacement
+    starts from the gathered row, and the report says so (runtime/steps.py).
+
+    The rows of the step before stay too: a rank whose step fails after the gather (a failed
+    vote) is still at that step, and may be the source."""
 
     def __init__(self, state: RankState) -> None:
         self.state = state
         self._kept: list[tuple[int, torch.Tensor]] = []      # (step, rows), newest last, two at most
         self._inflight: tuple[int, Any, torch.Tensor, torch.Tensor] | None = None  # (step, work, rows, own)
+        self._own: tuple[int, torch.Tensor] | None = None    # (step, this rank's row) of its last exchange
+        self.own_at_commit: torch.Tensor | None = None       # this rank's state as its last step committed
 
     def begin(self, group: Any, world: int, step: int) -> None:
-        if self._inflight is not None and self._inflight[0] == step:
-            return
+        if self._inflight is not None:
+            return      # a gather of this backward is running (two DDP models in one backward)
         own = self.state.capture()
         wire, rows = _on_wire(group, own, world)
         self._inflight = (step, group.all_gather(rows, wire), rows, own)
 
     def finish(self) -> None:
-        if self._inflight is None:
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
             return
-        step, work, rows, _ = self._inflight
+        step, work, rows, own = inflight
         work.wait()
         self.keep(step, rows.cpu())
+        self._own = (step, own)
 
-    def settle(self, group: Any, world: int, step: int) -> None:
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None and inflight[0] == step and self.rows_for(step) is not None \
-                and torch.equal(self.state.capture(), inflight[3]):
-            return
-        wire, rows = _on_wire(group, self.state.capture(), world)
-        group.all_gather(rows, wire).wait()
-        self.keep(step, rows.cpu())
+    def close(self, group: Any, world: int, step: int) -> list[str]:
+        """At the end of step ``step`` on every rank: gather if the step had no exchange; the
+        names of this rank's per-rank parts that changed after its last exchange."""
+        self._inflight = None
+        now = self.state.capture()
+        if self._own is None or self._own[0] != step:
+            wire, rows = _on_wire(group, now, world)
+            group.all_gather(rows, wire).wait()
+            self.keep(step, rows.cpu())
+            self._own = (step, now)
+            self.own_at_commit = now
+            return []
+        self.own_at_commit = now
+        own = self._own[1]
+        if torch.equal(now, own):
+            return []
+        return self.state.changed_parts(own, now)
 
     def drop_inflight(self) -> None:
         self._inflight = None

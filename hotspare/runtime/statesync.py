@@ -93,6 +93,7 @@ class StateSync:
                                     "must track the same objects and build the same loaders")
             table = rows.view(count, nbytes)
             self.rankstate.restore(table[rank if count > 1 else 0])
+            self.rows.own_at_commit = None
             if count == world_size:
                 self.rows.keep(step, rows)
         elif step >= 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 import time
 import traceback
 from typing import Any, Iterable
@@ -57,6 +58,8 @@ class StepProtocol:
         self._entry: tuple[int, torch.Tensor, list[int]] | None = None   # (step, state, grads) as it began
         self._entry_buf: torch.Tensor | None = None
         self._reported_gen = -1                # the generation whose first commit was reported
+        self._warned_after_exchange = False
+        self.changed_between: set[str] = set()  # per-rank parts changed between steps (Job._resume_point)
         # Outside hotspare run, rank 0 prints its metrics at most every print_every seconds.
         self.plain_rank: int | None = None
         self.print_every = PLAIN_LOG_EVERY_S
@@ -83,10 +86,11 @@ class StepProtocol:
         self.current = None
         if ev is None and self.managed:
             ev = self.vote.settle()     # a step without a gradient exchange: judge its vote here
+        changed: list[str] = []
         if ev is None and self.managed:
-            ev = self._settle_rows(step)
+            ev, changed = self._close_rows(step)
         if ev is None:
-            self._commit(step)
+            self._commit(step, changed)
             return Outcome.COMMITTED
         if not self.managed or not isinstance(ev, Exception):
             return Outcome.RAISE
@@ -109,7 +113,7 @@ class StepProtocol:
         self.report_crash(step, ev)
         return Outcome.RAISE
 
-    def _commit(self, step: int) -> None:
+    def _commit(self, step: int, changed: list[str] = ()) -> None:
         p = self.progress
         p.committed = p.applied = step
         self._entry = None
@@ -121,9 +125,10 @@ class StepProtocol:
         if self.managed:
             exch = self._exchange_t if self._exchange_t is not None else now
             v = self.vote
+            extra = {"after_exchange": changed} if changed else {}
             self._report_commit(step=step, total=self.total, dt=dt, metrics=self.metrics,
                                 compute=exch - self._t0, comm=now - exch, check=v.check_s,
-                                check_cpu=v.check_cpu, fp=v.fp_s)
+                                check_cpu=v.check_cpu, fp=v.fp_s, **extra)
         elif self.plain_rank == 0 and self.metrics and (
                 now - self._last_print >= self.print_every or step + 1 == self.total):
             self._last_print = now
@@ -139,7 +144,7 @@ class StepProtocol:
         (COMMITS_HELD or COMMITS_HELD_S), or with their next message: they carry per-rank step
         timings for the health service, and are all delivered, in order, unless the rank dies."""
         m = self.members
-        if m.rank == 0 or self._reported_gen != m.generation:
+        if m.rank == 0 or self._reported_gen != m.generation or "after_exchange" in fields:
             self._reported_gen = m.generation
             self.link.send("commit", gen=m.generation, rank=m.rank, **fields)
         else:
@@ -262,13 +267,26 @@ class StepProtocol:
             self._exchange_t = time.perf_counter()
         self.reducing_step = step
 
-    def _settle_rows(self, step: int) -> BaseException | None:
-        """At the end of a step: the rows must hold this rank's state as it commits."""
+    def _close_rows(self, step: int) -> tuple[BaseException | None, list[str]]:
+        """At the end of a step: its rows are gathered (runtime/rankstate.py ``RowTable.close``);
+        the error that fails the step, and the parts of this rank's per-rank state that changed
+        after its last exchange (what its peers do not hold until its next one)."""
         m = self.members
         try:
             m.check()
-            self.rows.settle(m.group, m.world_size, step)
+            changed = self.rows.close(m.group, m.world_size, step)
         except Exception as e:
             self.collectives.note(e)
-            return e
-        return None
+            return e, []
+        if self.changed_between:
+            changed = sorted(set(changed) | self.changed_between)
+            self.changed_between = set()
+        if changed and not self._warned_after_exchange:
+            self._warned_after_exchange = True
+            print(f"hotspare: rank {m.rank}: step {step} changed {', '.join(changed)} after its gradient exchange "
+                  "(e.g. rank-0-only work that draws random numbers: iterating a DataLoader does). Its peers get "
+                  "that state with the next step's exchange; if this rank is lost before, its replacement starts "
+                  "without it and the report says so. To keep a failover exact, do such work at the top of the "
+                  "loop body (before `with step:`), where a replacement runs it again, or inside "
+                  "`with torch.random.fork_rng():`", file=sys.stderr, flush=True)
+        return None, changed
