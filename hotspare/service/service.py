@@ -273,7 +273,8 @@ class Service:
         for row in self.db.jobs((states.QUEUED,)):
             nodes, per_node, spares = (int(row.request[k]) for k in ("nodes", "nproc_per_node", "spares"))
             with self._lock:
-                where = place(self.free_hosts(), nodes, per_node, spares)
+                queued = (self.db.job(row.id) or row).state == states.QUEUED      # not cancelled since
+                where = place(self.free_hosts(), nodes, per_node, spares) if queued else None
                 if where is None:
                     continue
                 hosts, spare_hosts = where

@@ -9,7 +9,7 @@ import pytest
 import hotspare.service.service as service_module
 from hotspare.checkpoint import load_key, newest_valid
 
-from conftest import workers_of
+from svcloop import workers_of
 
 
 def test_a_job_cancelled_while_its_store_starts_never_starts_and_its_host_takes_the_next(loopback, monkeypatch):

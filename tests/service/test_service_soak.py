@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import workers_of
+from svcloop import workers_of
 
 pytestmark = pytest.mark.slow
 SEED = 29
