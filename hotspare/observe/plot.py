@@ -47,7 +47,8 @@ def plot_run(report: dict[str, Any], records: list[dict[str, Any]] | None, out: 
             label = f"#{i} rank {d['rank']} {d['kind']} @ step {d['step']}"
             if rec is not None:
                 r_t = rec["t"] - t0
-                top.axvspan(struck, r_t, color="#c0392b", alpha=0.15, lw=0)
+                top.axvspan(struck, r_t, color="#c0392b", alpha=0.15, lw=0,
+                            label="downtime (the report's: fault to every rank committed)" if i == 1 else None)
                 top.axvline(r_t, color="#27ae60", lw=1.2, label="recovered (every rank committed)" if i == 1 else None)
                 label += f"\ndowntime {rec['data']['downtime_s']:.2f} s, lost steps {rec['data']['lost_steps']}"
             top.annotate(label, xy=(struck, 1.0), xycoords=("data", "axes fraction"), xytext=(4, -4),

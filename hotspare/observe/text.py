@@ -53,8 +53,13 @@ _SUMMARY: dict[str, Callable[[dict[str, Any]], str]] = {
     "worker_said": _said, "readings": _readings, "run_end": _end,
     "run_start": lambda d: f"{d['job'].get('script', '')} {' '.join(d['job'].get('args', []))} "
                            f"({d['job'].get('nproc')} ranks, {d['job'].get('spares')} spares; schema {d['schema']})",
-    "migration": lambda d: (f"rank {d['rank']} off {d['device']} -> {d['spare']}: {d['outcome']}, downtime "
-                            f"{d['downtime_s']} s: {d['reason']}"),
+    "migration": lambda d: (f"rank {d['rank']} off {d['device']} -> {d['spare']}: {d['outcome']}"
+                            + (f", downtime {d['downtime_s']:.3f} s" if d.get("downtime_s") is not None else "")),
+    "health_event": lambda d: (f"{d['device']}" + (f" (rank {d['rank']})" if d.get("rank") is not None else "")
+                               + f": {d['action']} by {d['rule']}: {d['reason']}"),
+    "checkpoint_fallback": lambda d: f"refused {d.get('refused')}: {d.get('reason')}; used step {d.get('step')}",
+    "node_connected": lambda d: f"{d['node']}: agent pid {d['hello'].get('pid')}, devices "
+                                f"{', '.join(d['hello'].get('devices') or []) or 'none'}",
     "devices": lambda d: ", ".join(f"{x['device']} {x['state']}" for x in d["devices"]),
     "spares": lambda d: f"{d['ready']} ready, {d['starting']} starting",
     "worker_exited": lambda d: f"{d['worker']} exited with {d['code']}",
