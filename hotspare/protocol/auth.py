@@ -82,7 +82,9 @@ def proof(key: str, role: str, identity: str, nonce: str) -> str:
 
 
 def verify(key: str, role: str, identity: str, nonce: str, given: str) -> bool:
-    return hmac.compare_digest(proof(key, role, identity, nonce), given)
+    """Whether ``given`` is the proof, compared in constant time. Compared as bytes: a proof
+    that is not ASCII (which ``compare_digest`` of two strings would raise on) is simply wrong."""
+    return hmac.compare_digest(proof(key, role, identity, nonce).encode(), given.encode("utf-8", "replace"))
 
 
 # ---------------------------------------------------------------------- secret files

@@ -4,16 +4,25 @@
 of its own, in two stages:
 
 1. ``handshake(channel)`` -- the connection has not proven who it is. At most ``max_pending``
-   connections are in this stage at once (further ones wait in the kernel's backlog until a slot
-   frees), each line is at most ``hello_max_line`` bytes, and a reaper shuts down any that has
-   not finished within ``deadline_s`` (a slowloris trickling bytes included).
+   connections are in this stage at once; each line is at most ``hello_max_line`` bytes, and a
+   reaper shuts down any that has not finished within ``deadline_s`` (a slowloris trickling
+   bytes included).
 2. ``handle(channel, hello)`` -- authenticated: lines up to ``max_line`` bytes, no deadline.
+
+Why a flood cannot starve an honest peer: the accept loop takes every connection off the
+kernel's backlog at once (nothing waits there behind a flood), and when all pending slots are
+taken a newcomer is never turned away: the *oldest* pending connection of the source address
+that holds the most pending ones is closed instead (``evict_choice``). A flood from one address
+therefore evicts its own connections first; from the same address (a local user on loopback), a
+newcomer keeps its slot until ``max_pending`` newer connections have arrived, far longer than
+an honest handshake (one round trip and an HMAC) takes. Measured in docs/SECURITY.md.
 
 A failed handshake is logged with the peer's address (at most ``LOG_BURST`` lines per
 ``LOG_WINDOW_S``, then a count, so a flood of connections cannot flood the log) and the
-connection closed. The accept
-loop survives running out of file descriptors or threads (EMFILE, ENFILE, ENOBUFS, ENOMEM): it
-logs, backs off and goes on serving; it ends only when the listening socket is closed.
+connection closed; an unexpected error in a handshake is such a refusal too, never a
+traceback. The accept loop survives running out of file descriptors or threads (EMFILE, ENFILE,
+ENOBUFS, ENOMEM): it logs, backs off and goes on serving; it ends only when the listening socket
+is closed.
 """
 from __future__ import annotations
 
@@ -29,7 +38,7 @@ from hotspare.protocol.auth import HELLO_MAX_LINE, HELLO_TIMEOUT_S, peer
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import MAX_LINE
 
-MAX_PENDING = 32
+MAX_PENDING = 64              # unauthenticated connections at once, per listener
 LOG_BURST, LOG_WINDOW_S = 20, 10.0
 _SCARCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN}
@@ -69,6 +78,16 @@ class _RateLog:
         _say(line)
 
 
+def evict_choice(pending: list[tuple[object, str]]) -> object:
+    """Which pending connection to close for a newcomer when every slot is taken: the oldest
+    of the source that holds the most. ``pending``: (connection, source address), oldest first."""
+    counts: dict[str, int] = {}
+    for _, source in pending:
+        counts[source] = counts.get(source, 0) + 1
+    busiest = max(counts.values())
+    return next(conn for conn, source in pending if counts[source] == busiest)
+
+
 class Listener:
     def __init__(self, server: socket.socket, handshake: Callable[[Channel], Any],
                  handle: Callable[[Channel, Any], None], name: str, max_line: int = MAX_LINE,
@@ -77,11 +96,13 @@ class Listener:
         self.server, self.name = server, name
         self._handshake, self._handle = handshake, handle
         self.max_line, self.hello_max_line, self.deadline_s = max_line, hello_max_line, deadline_s
-        self._slots = threading.BoundedSemaphore(max_pending)
-        self._pending: dict[Channel, float] = {}      # channel -> deadline
+        self.max_pending = max_pending
+        self._pending: dict[Channel, tuple[float, str]] = {}   # channel -> (deadline, source); oldest first
+        self._gone: dict[Channel, str] = {}       # taken out of pending by the reaper or an eviction: why
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._refusals = _RateLog()
+        self.evicted = 0                          # connections closed to make room, for tests and logs
         threading.Thread(target=self._accept_loop, name=name, daemon=True).start()
         threading.Thread(target=self._reap_loop, name=f"{name}-reaper", daemon=True).start()
 
@@ -101,12 +122,9 @@ class Listener:
     def _accept_loop(self) -> None:
         backoff = _BACKOFF_S[0]
         while not self._closed.is_set():
-            if not self._slots.acquire(timeout=0.5):
-                continue
             try:
-                sock, _ = self.server.accept()
+                sock, address = self.server.accept()
             except OSError as e:
-                self._slots.release()
                 if self._closed.is_set() or e.errno not in _SCARCE | _TRANSIENT:
                     return                      # the listening socket was closed
                 if e.errno in _SCARCE:
@@ -115,17 +133,25 @@ class Listener:
                     backoff = min(_BACKOFF_S[1], backoff * 2)
                 continue
             backoff = _BACKOFF_S[0]
-            self._start(sock)
+            self._start(sock, str(address[0]) if isinstance(address, tuple) else "?")
 
-    def _start(self, sock: socket.socket) -> None:
+    def _start(self, sock: socket.socket, source: str) -> None:
         try:
             ch = Channel(sock, max_line=self.hello_max_line)
         except OSError:
             sock.close()
-            self._slots.release()
             return
         with self._lock:
-            self._pending[ch] = time.monotonic() + self.deadline_s
+            victim = None
+            if len(self._pending) >= self.max_pending:
+                victim = evict_choice([(c, src) for c, (_, src) in self._pending.items()])
+                del self._pending[victim]
+                self._gone[victim] = (f"evicted unauthenticated: {self.max_pending} connections were "
+                                      "waiting to prove themselves, this the oldest of the busiest address")
+                self.evicted += 1
+            self._pending[ch] = (time.monotonic() + self.deadline_s, source)
+        if victim is not None:
+            victim.close()                      # its thread's read returns; it refuses
         try:
             threading.Thread(target=self._serve, args=(ch,), name=f"{self.name}-conn", daemon=True).start()
         except RuntimeError as e:          # no thread to spare: this one is dropped, the loop goes on
@@ -133,27 +159,26 @@ class Listener:
             self._done_pending(ch)
             ch.close()
 
-    def _done_pending(self, ch: Channel) -> bool:
+    def _done_pending(self, ch: Channel) -> str | None:
+        """Take ``ch`` out of pending: None, or why it was already out (expired, evicted)."""
         with self._lock:
             if self._pending.pop(ch, None) is None:
-                return False
-        self._slots.release()
-        return True
+                return self._gone.pop(ch, "closed")
+        return None
 
     # ------------------------------------------------------------------ one connection
     def _serve(self, ch: Channel) -> None:
         who = peer(ch)
         try:
             hello = self._handshake(ch)
-        except (OSError, ProtocolError, ValueError) as e:
-            with self._lock:                  # the reaper took it out: it ran out of time
-                expired = ch not in self._pending
-            self._refusals.say(f"{self.name}: refused a connection from {who}: "
-                 + (f"no hello within {self.deadline_s:.0f} s" if expired else str(e)))
-            self._done_pending(ch)
+        except Exception as e:  # noqa: BLE001 -- whatever a handshake raises refuses this peer only
+            gone = self._done_pending(ch)
+            why = str(e) if isinstance(e, (OSError, ProtocolError, ValueError)) else \
+                f"the handshake failed ({type(e).__name__}: {str(e)[:200]})"
+            self._refusals.say(f"{self.name}: refused a connection from {who}: {gone or why}")
             ch.close()
             return
-        if not self._done_pending(ch):       # the reaper was first: too late
+        if self._done_pending(ch) is not None:   # the reaper or an eviction was first: too late
             ch.close()
             return
         ch.max_line = self.max_line
@@ -163,9 +188,9 @@ class Listener:
         while not self._closed.wait(min(0.5, self.deadline_s / 4)):
             now = time.monotonic()
             with self._lock:                    # taken out of pending here: a handshake that ends
-                late = [ch for ch, deadline in self._pending.items() if deadline <= now]
+                late = [ch for ch, (deadline, _) in self._pending.items() if deadline <= now]
                 for ch in late:                 # now finds itself too late, and closes
                     del self._pending[ch]
+                    self._gone[ch] = f"no hello within {self.deadline_s:.0f} s"
             for ch in late:
-                self._slots.release()
                 ch.close()                      # its thread's read returns; it refuses
