@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p, RunConfig)       # every flag is declared once, in hotspare/config/run.py
     from hotspare.observe.wiring import add_observe_arguments
-    add_observe_arguments(p)          # --metrics, --events (docs/OBSERVABILITY.md)
+    add_observe_arguments(p)          # --metrics, --events, --dashboard (docs/OBSERVABILITY.md)
     p.set_defaults(func=run)
 
 
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     ledger, coord = control_plane(cfg, pre, events, health, log)
     from hotspare.observe.wiring import observe
     try:
-        watch = observe(args, cfg.launch.report, coord, ledger, health, log)
+        watch = observe(args, cfg.launch.report, coord, ledger, health, log, secret)
     except ConfigError as e:
         return _fail(e)
     # This host's node agents talk to the coordinator over TCP, as remote agents would.

@@ -234,14 +234,13 @@ class RunMetrics:
         self.spares.labels("starting").set(d["starting"])
 
 
-def parse_address(text: str) -> tuple[str, int]:
+def parse_address(text: str, flag: str = "--metrics") -> tuple[str, int]:
     """``--metrics ADDR:PORT`` -> (addr, port); a wildcard address is refused: name the interface."""
     from hotspare.config.run import host_port
     host, port = host_port(text)
     if host in ("0.0.0.0", "::", ""):
-        raise ConfigError(f"--metrics {text}: give the address of the interface Prometheus scrapes (e.g. "
-                          "127.0.0.1:9464 or this host's address on the monitoring network), not a wildcard: "
-                          "/metrics has no authentication")
+        raise ConfigError(f"{flag} {text}: give the address of one interface (e.g. 127.0.0.1:9464 or this host's "
+                          "address on the monitoring network), not a wildcard")
     return host, port
 
 

@@ -37,10 +37,13 @@ DEVICES_EVERY_S = 1.0
 
 
 class Observer:
-    def __init__(self, ledger, view, sinks: list[Sink], health=None, clock: Callable[[], float] = time.time):
+    def __init__(self, ledger, view, sinks: list[Sink], health=None, clock: Callable[[], float] = time.time,
+                 nodes=None):
         """``ledger``: the run's coordinator.ledger.Ledger; ``view``: its policy view; ``health``:
-        its health desk (coordinator.health.HealthMonitor) or None."""
+        its health desk (coordinator.health.HealthMonitor) or None; ``nodes``: its
+        coordinator.nodes.Nodes (where each worker runs), or None."""
         self.ledger, self.view, self.health, self.sinks, self.clock = ledger, view, health, list(sinks), clock
+        self.nodes = nodes
         self._failures = 0                      # failure records announced
         self._stage: dict[int, int] = {}        # failure index -> 1 failover said, 2 outcome said
         self._migrations = self._fallbacks = self._health_events = 0
@@ -120,7 +123,8 @@ class Observer:
             self.emit(ev.record("generation", now, {
                 "gen": gen, "world_size": self.view.world_size, "members": len(self.view.members),
                 "failures": len(mine), "lost_steps": max((f.lost_steps or 0 for f in mine), default=0),
-                "restore": any(f.recovery_path == "checkpoint" for f in mine)}))
+                "restore": any(f.recovery_path == "checkpoint" for f in mine),
+                "placement": [self._where(r, w) for r, w in sorted(self.view.members.items())]}))
         for i, m in enumerate(L.migrations):
             if i not in self._migration_said and m.outcome != "in flight":
                 self._migration_said.add(i)
@@ -138,8 +142,13 @@ class Observer:
         spares = (len(self.view.ready_spares), self.view.starting)
         if spares != self._spares:
             self._spares = spares
-            self.emit(ev.record("spares", now, {"ready": spares[0], "starting": spares[1]}))
+            self.emit(ev.record("spares", now, {"ready": spares[0], "starting": spares[1],
+                                                "workers": [self._where(None, w) for w in self.view.ready_spares]}))
         self._sync_devices(now, force_devices)
+
+    def _where(self, rank: int | None, worker: str) -> dict[str, Any]:
+        wp = self.nodes.workers.get(worker) if self.nodes is not None else None
+        return {"rank": rank, "worker": worker, "node": wp.node if wp else None, "device": wp.device if wp else None}
 
     def _sync_devices(self, now: float, force: bool) -> None:
         if self.health is None or (not force and now - self._devices_at < DEVICES_EVERY_S):

@@ -1,6 +1,7 @@
-"""How ``hotspare run`` turns observation on: ``--metrics ADDR:PORT`` (Prometheus ``/metrics``)
-and ``--events FILE`` (the JSON-lines event stream; by default beside ``--report``). Without
-either, nothing here runs and the coordinator has no extra listener."""
+"""How ``hotspare run`` turns observation on: ``--metrics ADDR:PORT`` (Prometheus ``/metrics``),
+``--events FILE`` (the JSON-lines event stream; by default beside ``--report``) and
+``--dashboard ADDR:PORT`` (the live web page). Without any, nothing here runs and the
+coordinator has no extra listener."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,10 @@ from typing import Any, Callable
 METRICS_HELP = ("serve Prometheus metrics on http://ADDR:PORT/metrics while the job runs (off by default; "
                 "port 0: any free port, logged; plain HTTP without authentication, so give the address of the "
                 "monitoring network, never a wildcard; docs/OBSERVABILITY.md lists the metrics)")
+DASHBOARD_HELP = ("serve a live, read-only web dashboard of the job on http://ADDR:PORT/ (off by default; port 0: any "
+                  "free port, logged): devices by health state, ranks, the loss curve, failures and recoveries with "
+                  "their downtime by phase. Log in with the token in the file the log names (derived from the job's "
+                  "secret); never a wildcard address")
 EVENTS_HELP = ("write the job's event stream (one versioned JSON record per line) to FILE; by default "
                "REPORT.events.jsonl beside --report REPORT.json, none without --report. "
                "`hotspare events --follow FILE` tails it")
@@ -18,20 +23,23 @@ def add_observe_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("observability (docs/OBSERVABILITY.md)")
     g.add_argument("--metrics", metavar="ADDR:PORT", default=None, help=METRICS_HELP)
     g.add_argument("--events", metavar="FILE", default=None, help=EVENTS_HELP)
+    g.add_argument("--dashboard", metavar="ADDR:PORT", default=None, help=DASHBOARD_HELP)
 
 
 def check_observe_arguments(args: argparse.Namespace) -> None:
     """ConfigError for a --metrics address that cannot be used, before anything starts."""
+    from hotspare.observe.metrics import parse_address
     if args.metrics is not None:
-        from hotspare.observe.metrics import parse_address
         parse_address(args.metrics)
+    if args.dashboard is not None:
+        parse_address(args.dashboard, "--dashboard")
 
 
 class Watch:
     """The observer of one run with its sinks; ``close`` writes the last records and stops them."""
 
-    def __init__(self, observer, file, server, path: str | None):
-        self.observer, self.file, self.server, self.path = observer, file, server, path
+    def __init__(self, observer, file, server, path: str | None, dashboard=None):
+        self.observer, self.file, self.server, self.path, self.dashboard = observer, file, server, path, dashboard
 
     def close(self, code: int | None, report: dict[str, Any]) -> None:
         if self.path is not None:
@@ -41,18 +49,20 @@ class Watch:
             self.file.close()
         if self.server is not None:
             self.server.close()
+        if self.dashboard is not None:
+            self.dashboard.close()
 
 
 def observe(args: argparse.Namespace, report: str | None, coordinator, ledger, health,
-            log: Callable[[str], None]) -> Watch | None:
+            log: Callable[[str], None], secret: bytes = b"") -> Watch | None:
     """The run's observer, installed on ``coordinator`` (None when neither flag asks for it);
     ConfigError for an address or file it cannot use."""
     from hotspare.observe.stream import events_path_for
     path = args.events or (events_path_for(report) if report else None)
-    if args.metrics is None and path is None:
+    if args.metrics is None and path is None and args.dashboard is None:
         return None
     from hotspare.observe.observer import Observer
-    sinks, file, server = [], None, None
+    sinks, file, server, dashboard = [], None, None, None
     if args.metrics is not None:
         from hotspare.observe.metrics import MetricsServer, RunMetrics, parse_address
         host, port = parse_address(args.metrics)
@@ -60,16 +70,40 @@ def observe(args: argparse.Namespace, report: str | None, coordinator, ledger, h
         server = MetricsServer(metrics.registry, host, port)
         sinks.append(metrics.consume)
         log(f"metrics: http://{server.address}/metrics (Prometheus; docs/OBSERVABILITY.md)")
-    if path is not None:
-        from hotspare.observe.stream import EventFile
-        try:
+    try:
+        if path is not None:
+            from hotspare.observe.stream import EventFile
             file = EventFile(path)
-        except Exception:
-            if server is not None:
-                server.close()
-            raise
-        sinks.append(file)
-        log(f"events: {path} (hotspare events --follow {path})")
-    observer = Observer(ledger, coordinator.view, sinks, health=health).install(coordinator)
+            sinks.append(file)
+            log(f"events: {path} (hotspare events --follow {path})")
+        if args.dashboard is not None:
+            dashboard = _dashboard(args.dashboard, secret, log)
+            sinks.append(dashboard)
+    except Exception:
+        for part in (server, file):
+            if part is not None:
+                part.close()
+        raise
+    observer = Observer(ledger, coordinator.view, sinks, health=health, nodes=coordinator.nodes).install(coordinator)
     observer.start(ledger.settings)
-    return Watch(observer, file, server, path)
+    return Watch(observer, file, server, path, dashboard)
+
+
+def _dashboard(address: str, secret: bytes, log: Callable[[str], None]):
+    """The dashboard on ``address``; its login token (derived from the job's secret) in a file
+    only this user can read, whose path is logged (never the token)."""
+    import os
+    import tempfile
+
+    from hotspare.observe.dashboard import Dashboard, dashboard_token
+    from hotspare.observe.metrics import parse_address
+    host, port = parse_address(address, "--dashboard")
+    token = dashboard_token(secret)
+    folder = tempfile.mkdtemp(prefix="hotspare-dashboard-")          # 0700
+    token_file = os.path.join(folder, "token")
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    dash = Dashboard(host, port, token, log)
+    log(f"dashboard: http://{dash.address}/ (read-only; log in with the token in {token_file})")
+    return dash

@@ -100,6 +100,8 @@ def test_observer_says_a_killed_rank_once_per_stage_with_the_ledgers_own_times()
     assert kinds == ["failure", "generation", "spares", "failover", "generation", "recovered"], kinds
     failover, gen, recovered = seen[3:]
     assert failover["t"] == T + 15.2 and failover["data"]["recovery_path"] == "memory"
+    assert gen["data"]["placement"][2] == {"rank": 2, "worker": "w4", "node": None, "device": None}
+    del gen["data"]["placement"]
     assert gen["data"] == {"gen": 2, "world_size": 4, "members": 4, "failures": 1, "lost_steps": 0, "restore": False}
     assert recovered["t"] == T + 15.5
     assert recovered["data"]["downtime_s"] == pytest.approx(0.5) and recovered["data"]["phases_s"]["decide"] == \

@@ -1,0 +1,97 @@
+"""The run's dashboard over real HTTP: without the token a request gets nothing but the login;
+a state-changing request without it is refused and logged; a wrong token is refused and logged;
+with it the page, its script, the records so far and the live stream (replay, then each new
+record) come through; logged in, the dashboard stays read-only."""
+import http.client
+import json
+import urllib.parse
+
+import pytest
+
+from hotspare.coordinator import events as ev
+from hotspare.errors import ConfigError
+from hotspare.observe.dashboard import Dashboard, dashboard_token
+
+T = 1796300000.0
+
+
+@pytest.fixture
+def dash():
+    said = []
+    d = Dashboard("127.0.0.1", 0, dashboard_token(b"s" * 32), said.append)
+    d.said = said
+    d(ev.record("run_start", T, {"job": {"script": "train.py"}, "schema": ev.SCHEMA}))
+    d(ev.record("failure", T + 1, {"rank": 2, "worker": "w2", "step": 15, "kind": "SIGKILL"}))
+    yield d
+    d.close()
+
+
+def request(d, method, path, body=None, cookie=None):
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10)
+    headers = {"Content-Type": "application/x-www-form-urlencoded"} if body is not None else {}
+    if cookie:
+        headers["Cookie"] = cookie
+    conn.request(method, path, body=body, headers=headers)
+    r = conn.getresponse()
+    return r, r.read().decode(), conn
+
+
+def login(d, token):
+    r, _, _ = request(d, "POST", "/login", urllib.parse.urlencode({"token": token}))
+    return r
+
+
+def test_without_the_token_there_is_nothing_but_the_login(dash):
+    r, _, _ = request(dash, "GET", "/")
+    assert r.status == 303 and r.getheader("Location") == "/login"
+    for path in ("/events", "/api/records", "/app.js"):
+        r, body, _ = request(dash, "GET", path)
+        assert r.status == 401 and "SIGKILL" not in body, path
+    r, body, _ = request(dash, "GET", "/login")
+    assert r.status == 200 and 'name="token"' in body and r.getheader("X-Frame-Options") == "DENY"
+
+
+def test_a_state_changing_request_without_the_token_is_refused_and_logged(dash):
+    for method, path in (("POST", "/cordon"), ("DELETE", "/devices/n0-gpu1"), ("PUT", "/drain")):
+        r, _, _ = request(dash, method, path, body="device=n0/gpu1")
+        assert r.status == 403
+    refused = [line for line in dash.said if line.endswith("not logged in")]
+    assert [line.split(" from ")[0] for line in refused] == [
+        "DASHBOARD refused POST /cordon", "DASHBOARD refused DELETE /devices/n0-gpu1", "DASHBOARD refused PUT /drain"]
+    assert all(" from 127.0.0.1:" in line for line in refused)
+    r = login(dash, "not-the-token")
+    assert r.status == 401 and r.getheader("Set-Cookie") is None
+    assert any("refused a login from 127.0.0.1" in line for line in dash.said)
+
+
+def test_with_the_token_the_page_the_records_and_the_live_stream_come_through(dash):
+    r = login(dash, dashboard_token(b"s" * 32))
+    assert r.status == 303
+    cookie = r.getheader("Set-Cookie").split(";")[0]
+    assert "HttpOnly" in r.getheader("Set-Cookie") and "SameSite=Strict" in r.getheader("Set-Cookie")
+    r, body, _ = request(dash, "GET", "/", cookie=cookie)
+    assert r.status == 200 and '<script src="/app.js">' in body
+    r, body, _ = request(dash, "GET", "/app.js", cookie=cookie)
+    assert r.status == 200 and "EventSource" in body
+    r, body, _ = request(dash, "GET", "/api/records", cookie=cookie)
+    assert [rec["kind"] for rec in json.loads(body)] == ["run_start", "failure"]
+
+    conn = http.client.HTTPConnection("127.0.0.1", dash.port, timeout=10)
+    conn.request("GET", "/events", headers={"Cookie": cookie})
+    stream = conn.getresponse()
+    assert stream.getheader("Content-Type") == "text/event-stream"
+    lines = [stream.fp.readline() for _ in range(4)]            # the replay: two records
+    dash(ev.record("recovered", T + 2, {"rank": 2, "worker": "w2", "step": 15, "downtime_s": 0.3}))
+    lines += [stream.fp.readline() for _ in range(2)]           # and the new one
+    kinds = [json.loads(line[6:])["kind"] for line in lines if line.startswith(b"data: ")]
+    assert kinds == ["run_start", "failure", "recovered"]
+    conn.close()
+
+    r, _, _ = request(dash, "POST", "/cordon", body="device=n0/gpu1", cookie=cookie)
+    assert r.status == 405 and any("read-only" in line for line in dash.said)
+
+
+def test_a_wildcard_address_is_refused():
+    from hotspare.observe.metrics import parse_address
+    with pytest.raises(ConfigError, match="--dashboard 0.0.0.0:8080: .*not a wildcard"):
+        parse_address("0.0.0.0:8080", "--dashboard")
