@@ -94,7 +94,7 @@ function counters() {
   const n = S.failures.length;
   const items = [["failures handled", n], ["recovered with zero lost steps", n ? `${zero}/${n} (${Math.round(100 * zero / n)}%)` : "-"],
     ["total downtime", down.toFixed(2) + " s"], ["lost steps", lostSteps],
-    ["goodput", goodput === null ? "-" : (100 * goodput).toFixed(1) + "%"], ["committed step", S.step === null ? "-" : S.step],
+    ["goodput (1 − downtime ÷ time since the first step)", goodput === null ? "-" : (100 * goodput).toFixed(1) + "%"], ["committed step", S.step === null ? "-" : S.step],
     ["step time", S.dt === null ? "-" : (1000 * S.dt).toFixed(0) + " ms"], ["generation", S.gen], ["warm spares", S.spares.length]];
   $("counters").innerHTML = items.map(([k, v]) => `<div class="counter"><b>${esc(v)}</b><span>${esc(k)}</span></div>`).join("");
 }

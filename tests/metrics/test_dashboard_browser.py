@@ -1,0 +1,109 @@
+"""In a real headless Chromium (Debian's chromium + chromium-driver, driven by Selenium): the
+dashboard of a running job asks for the token, then shows the job live; when rank 2's device
+reports Xid 79 (the GPU fell off the bus) the timeline shows the failure and the recovery and
+the device's tile changes colour from healthy. A screenshot is kept ($HOTSPARE_ARTIFACTS, or the
+test's temp folder)."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hotspare.testing.local import EXAMPLE
+
+pytestmark = pytest.mark.slow
+
+
+def _browser():
+    try:
+        from selenium import webdriver
+    except ImportError:
+        pytest.fail("no selenium: pip install -e '.[test]'")
+    from selenium.webdriver.chrome.service import Service
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (binary and driver):
+        pytest.fail("no chromium/chromedriver: apt-get install -y chromium chromium-driver (.ci/run does)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1300"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(options=opts, service=Service(driver))
+
+
+def _wait(what, predicate, timeout, job=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if job is not None and job.poll() is not None:
+            raise AssertionError(f"the job ended (exit {job.returncode}) before {what}")
+        time.sleep(0.3)
+    raise AssertionError(f"no {what} within {timeout} s")
+
+
+def test_dashboard_shows_the_failure_the_recovery_and_the_device_turning_unhealthy(tmp_path):
+    artifacts = Path(os.environ.get("HOTSPARE_ARTIFACTS", tmp_path))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "job.log"
+    # The browser shares the test machine's cores with the job: slow steps there are contention,
+    # not a straggling device, and a straggler migration would take the spare the Xid needs.
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nname = "straggler"\nwhen = "straggler_score < policy.straggler_score_min"\n'
+                     'held = 5\naction = "watch"\nreason = "straggler (watched only in this test)"\n')
+    job = subprocess.Popen([sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1",
+                            "--health-rules", str(rules), "--dashboard", "127.0.0.1:0", "--inject", "xid:rank=2:step=60:code=79", "--",
+                            str(EXAMPLE), "--model", "tiny", "--steps", "400"],
+                           stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    browser = None
+    try:
+        line = _wait("dashboard line", lambda: re.search(r"dashboard: (http://\S+) .*token in (\S+)\)",
+                                                         log.read_text()), 60, job)
+        url, token = line.group(1), Path(line.group(2)).read_text().strip()
+        browser = _browser()
+        browser.get(url)
+        assert browser.current_url.endswith("/login")         # nothing but the login without the token
+        assert browser.execute_script("return document.getElementById('timeline')") is None
+        browser.execute_script("document.getElementById('token').value = arguments[0]", token)
+        browser.execute_script("document.getElementById('login').click()")
+        _wait("running status", lambda: browser.execute_script(
+            "const s = document.getElementById('status'); return s && s.textContent === 'running'"), 60, job)
+
+        def js(code, *args):        # read the page in one go: it re-renders as records arrive
+            return browser.execute_script(code, *args)
+        device = _wait("rank 2 on a device tile", lambda: js(
+            "const t = [...document.querySelectorAll('.dev')].find(t => t.textContent.includes('rank 2'));"
+            "return t ? t.dataset.device : null;"), 90, job)
+        tile = ("const t = [...document.querySelectorAll('.dev')].find(t => t.dataset.device === arguments[0]);"
+                "return t ? [t.dataset.state, getComputedStyle(t).backgroundColor] : null;")
+        state, before = js(tile, device)
+        assert state == "healthy", state
+
+        _wait("failure in the timeline", lambda: js("return document.querySelector('[data-kind=failure]') !== null"),
+              120, job)
+        _wait("recovery in the timeline", lambda: js("return document.querySelector('[data-kind=recovered]') !== null"),
+              60, job)
+        state, after = _wait("rank 2's old device out of service", lambda: (
+            v if (v := js(tile, device)) and v[0] != "healthy" else None), 30, job)
+        assert state in ("cordoned", "quarantined"), state
+        assert after != before, (before, after)
+        text = js("return document.getElementById('timeline').innerText")
+        assert "FAILURE rank 2" in text and "health:gpu-lost" in text and "RECOVERED" in text, text
+        assert "lost steps 0" in text
+        browser.save_screenshot(str(artifacts / "dashboard.png"))
+    finally:
+        if browser is not None:
+            browser.quit()
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGTERM)
+            try:
+                job.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
