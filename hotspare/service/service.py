@@ -82,6 +82,8 @@ class Service:
         self.hosts: dict[str, _Host] = {}
         self.runners: dict[str, JobRunner] = {}
         self._stop = threading.Event()
+        # The checks of a job import torch (its checkpoints): seconds, paid now, not by the first submit.
+        threading.Thread(target=_warm_up, name="service-warm-up", daemon=True).start()
         self._resume_jobs()
         self.endpoint = NodeEndpoint(self.pool_events, secret, self._owner, host=host, port=port,
                                      welcome=self._welcome, leases=Leases(lease, margin, self._expired),
@@ -472,6 +474,12 @@ class Service:
                  f"{request['spares']} spare(s): {request['script']}")
         self.pool_events.put(_Wake())
         return make("control_reply", ok=True, message=f"submitted {job}", job=job)
+
+
+def _warm_up() -> None:
+    import importlib
+    for module in ("hotspare.checkpoint", "hotspare.service.checks"):
+        importlib.import_module(module)
 
 
 class _Wake:
