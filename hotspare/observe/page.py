@@ -31,7 +31,8 @@ section.wide{grid-column:1/3}h2{font-size:15px;margin:.2em 0 .6em}
 table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.2em .5em;border-bottom:1px solid #eee}
 #timeline .item{padding:.4em 0;border-bottom:1px solid #eee}.kind-failure{color:#c0392b}.kind-recovered{color:#27ae60}
 .kind-migration{color:#8e44ad}.bar{display:flex;height:12px;margin-top:.3em}.bar div{height:12px}
-.legend span{display:inline-block;margin-right:1em;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:3px}
+.legend span{display:inline-block;margin-right:1em;font-size:12px}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:3px}
 canvas{width:100%;height:260px}
 </style></head><body>
 <header><h1>hotspare</h1><span id="job"></span><span id="status">connecting...</span><span id="where"></span></header>
@@ -42,8 +43,10 @@ canvas{width:100%;height:260px}
 <span><i class="cordoned"></i>cordoned</span><span><i class="draining"></i>draining</span>
 <span><i class="quarantined"></i>quarantined</span><span><i class="retired"></i>retired</span>
 <span>dashed: a warm spare</span></p></section>
-<section><h2>Ranks</h2><table id="ranks"><thead><tr><th>rank</th><th>worker</th><th>device</th></tr></thead><tbody></tbody></table></section>
-<section class="wide"><h2>Loss <span id="curve-what"></span></h2><canvas id="curve" width="1200" height="260"></canvas></section>
+<section><h2>Ranks</h2><table id="ranks"><thead><tr><th>rank</th><th>worker</th><th>device</th></tr></thead>
+<tbody></tbody></table></section>
+<section class="wide"><h2>Loss <span id="curve-what"></span></h2>
+<canvas id="curve" width="1200" height="260"></canvas></section>
 <section class="wide"><h2>Timeline</h2><div class="legend" id="phase-legend"></div><div id="timeline"></div></section>
 </main><script src="/app.js"></script></body></html>"""
 
@@ -55,7 +58,8 @@ const S = {start: null, job: {}, devices: {}, readings: {}, placement: [], spare
            step: null, dt: null, curve: [], failures: [], recovered: {}, failovers: {}, migrations: [],
            health: [], end: null, last: null};
 const $ = id => document.getElementById(id);
-const esc = s => String(s).replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+const ENT = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"};
+const esc = s => String(s).replace(/[&<>"']/g, c => ENT[c]);
 const key = d => d.worker + "@" + d.step;
 
 function apply(r) {
@@ -92,11 +96,15 @@ function counters() {
   const wall = first !== null ? (S.end ? S.end.t : S.last) - first : 0;
   const goodput = wall > 0 ? Math.max(0, 1 - down / wall) : null;
   const n = S.failures.length;
-  const items = [["failures handled", n], ["recovered with zero lost steps", n ? `${zero}/${n} (${Math.round(100 * zero / n)}%)` : "-"],
+  const items = [["failures handled", n],
+    ["recovered with zero lost steps", n ? `${zero}/${n} (${Math.round(100 * zero / n)}%)` : "-"],
     ["total downtime", down.toFixed(2) + " s"], ["lost steps", lostSteps],
-    ["goodput (1 − downtime ÷ time since the first step)", goodput === null ? "-" : (100 * goodput).toFixed(1) + "%"], ["committed step", S.step === null ? "-" : S.step],
-    ["step time", S.dt === null ? "-" : (1000 * S.dt).toFixed(0) + " ms"], ["generation", S.gen], ["warm spares", S.spares.length]];
-  $("counters").innerHTML = items.map(([k, v]) => `<div class="counter"><b>${esc(v)}</b><span>${esc(k)}</span></div>`).join("");
+    ["goodput (1 − downtime ÷ time since the first step)", goodput === null ? "-" : (100 * goodput).toFixed(1) + "%"],
+    ["committed step", S.step === null ? "-" : S.step],
+    ["step time", S.dt === null ? "-" : (1000 * S.dt).toFixed(0) + " ms"], ["generation", S.gen],
+    ["warm spares", S.spares.length]];
+  $("counters").innerHTML = items.map(([k, v]) =>
+    `<div class="counter"><b>${esc(v)}</b><span>${esc(k)}</span></div>`).join("");
 }
 
 function devices() {
@@ -108,8 +116,9 @@ function devices() {
     const read = Object.entries(m).filter(([k, v]) => typeof v !== "object").map(([k, v]) => `${k} ${v}`).join(", ");
     const tip = `${name}: ${x.state} (${x.reason || ""})\n${who}\n${read}`;
     const spare = who.startsWith("spare") ? " spare" : "";
-    return `<div class="dev ${esc(x.state)}${spare}" data-device="${esc(name)}" data-state="${esc(x.state)}" title="${esc(tip)}">` +
-           `<b>${esc(name)}</b>${esc(x.state)}<br>${esc(who)}${m.temp_c !== undefined ? "<br>" + esc(m.temp_c) + " C" : ""}</div>`;
+    const temp = m.temp_c !== undefined ? "<br>" + esc(m.temp_c) + " C" : "";
+    return `<div class="dev ${esc(x.state)}${spare}" data-device="${esc(name)}" data-state="${esc(x.state)}" ` +
+           `title="${esc(tip)}"><b>${esc(name)}</b>${esc(x.state)}<br>${esc(who)}${temp}</div>`;
   }).join("");
   $("ranks").tBodies[0].innerHTML = S.placement.map(p =>
     `<tr><td>${p.rank}</td><td>${esc(p.worker)}</td><td>${esc(p.device || "-")}</td></tr>`).join("");
@@ -132,9 +141,12 @@ function curve() {
   g.fillText(`${(t1 - t0).toFixed(0)} s`, W - 40, H - 6);
   for (const f of S.failures) {
     const struck = f.t - (f.data.detection_latency_s || 0), back = S.recovered[key(f.data)];
-    if (back && back.kind === "recovered") { g.fillStyle = "#c0392b33"; g.fillRect(X(struck), 10, X(back.t) - X(struck), H - B - 10);
-      g.strokeStyle = "#27ae60"; g.beginPath(); g.moveTo(X(back.t), 10); g.lineTo(X(back.t), H - B); g.stroke(); }
-    g.strokeStyle = "#c0392b"; g.setLineDash([4, 3]); g.beginPath(); g.moveTo(X(struck), 10); g.lineTo(X(struck), H - B); g.stroke();
+    if (back && back.kind === "recovered") {
+      g.fillStyle = "#c0392b33"; g.fillRect(X(struck), 10, X(back.t) - X(struck), H - B - 10);
+      g.strokeStyle = "#27ae60"; g.beginPath(); g.moveTo(X(back.t), 10); g.lineTo(X(back.t), H - B); g.stroke();
+    }
+    g.strokeStyle = "#c0392b"; g.setLineDash([4, 3]);
+    g.beginPath(); g.moveTo(X(struck), 10); g.lineTo(X(struck), H - B); g.stroke();
     g.setLineDash([]); g.fillStyle = "#c0392b"; g.fillText(`rank ${f.data.rank} ${f.data.kind}`, X(struck) + 3, 22);
   }
   g.strokeStyle = "#34495e"; g.lineWidth = 1.3; g.beginPath();
@@ -142,24 +154,31 @@ function curve() {
 }
 
 function timeline() {
-  $("phase-legend").innerHTML = Object.entries(PHASES).map(([k, c]) => `<span><i style="background:${c}"></i>${k.replace(/_/g, " ")}</span>`).join("");
+  $("phase-legend").innerHTML = Object.entries(PHASES).map(([k, c]) =>
+    `<span><i style="background:${c}"></i>${k.replace(/_/g, " ")}</span>`).join("");
   const rel = t => S.start !== null ? `+${(t - S.start).toFixed(2)} s` : "";
   const items = [];
   for (const f of S.failures) {
     const d = f.data, over = S.recovered[key(d)], fo = S.failovers[key(d)];
-    let html = `<div class="item" data-kind="failure"><span class="kind-failure">${rel(f.t)} FAILURE</span> rank ${d.rank} (${esc(d.worker)}) ${esc(d.kind)} at step ${d.step}`;
+    let html = `<div class="item" data-kind="failure"><span class="kind-failure">${rel(f.t)} FAILURE</span> ` +
+               `rank ${esc(d.rank)} (${esc(d.worker)}) ${esc(d.kind)} at step ${esc(d.step)}`;
     if (fo) html += `<br>${rel(fo.t)} FAILOVER by ${esc(fo.data.recovery_path)}: ${esc(fo.data.reason)}`;
     if (over && over.kind === "recovered") {
       const o = over.data, total = o.downtime_s || 1e-9;
-      html += `<br><span class="kind-recovered" data-kind="recovered">${rel(over.t)} RECOVERED</span> downtime ${o.downtime_s.toFixed(3)} s, lost steps ${o.lost_steps}` +
+      html += `<br><span class="kind-recovered" data-kind="recovered">${rel(over.t)} RECOVERED</span> ` +
+              `downtime ${o.downtime_s.toFixed(3)} s, lost steps ${esc(o.lost_steps)}` +
               `<div class="bar" style="width:${Math.min(100, 20 + 20 * Math.log10(1 + 10 * total))}%">` +
               Object.entries(o.phases_s || {}).filter(([k, v]) => v).map(([k, v]) =>
-                `<div title="${k} ${v.toFixed(3)} s" style="width:${100 * v / total}%;background:${PHASES[k]}"></div>`).join("") + "</div>";
+                `<div title="${esc(k)} ${v.toFixed(3)} s" style="width:${100 * v / total}%;background:${PHASES[k]}"></div>`
+              ).join("") + "</div>";
     } else if (over) html += `<br><span class="kind-failure">not recovered: the job stopped</span>`;
     items.push([f.t, html + "</div>"]);
   }
-  for (const m of S.migrations) items.push([m.t, `<div class="item" data-kind="migration"><span class="kind-migration">${rel(m.t)} MIGRATION</span> rank ${m.data.rank} off ${esc(m.data.device)}: ${esc(m.data.outcome)}</div>`]);
-  for (const h of S.health) items.push([h.t, `<div class="item" data-kind="health">${rel(h.t)} HEALTH ${esc(h.data.device)}: ${esc(h.data.action)} by ${esc(h.data.rule)}: ${esc(h.data.reason)}</div>`]);
+  for (const m of S.migrations) items.push([m.t, `<div class="item" data-kind="migration">` +
+    `<span class="kind-migration">${rel(m.t)} MIGRATION</span> rank ${esc(m.data.rank)} off ${esc(m.data.device)}: ` +
+    `${esc(m.data.outcome)}</div>`]);
+  for (const h of S.health) items.push([h.t, `<div class="item" data-kind="health">${rel(h.t)} HEALTH ` +
+    `${esc(h.data.device)}: ${esc(h.data.action)} by ${esc(h.data.rule)}: ${esc(h.data.reason)}</div>`]);
   items.sort((a, b) => b[0] - a[0]);
   $("timeline").innerHTML = items.map(i => i[1]).join("") || "<p>no failures, fences or migrations yet</p>";
 }

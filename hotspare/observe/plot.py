@@ -31,7 +31,8 @@ def plot_run(report: dict[str, Any], records: list[dict[str, Any]] | None, out: 
     import matplotlib.pyplot as plt
 
     failures = report.get("failures") or []
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7.5), gridspec_kw={"height_ratios": [3, max(1.2, 0.5 * len(failures) + 0.8)]})
+    ratios = [3, max(1.2, 0.5 * len(failures) + 0.8)]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7.5), gridspec_kw={"height_ratios": ratios})
     start = next((r["t"] for r in records or () if r["kind"] == "run_start"), None)
     if records:
         what, ts, vs = _curve(records)
@@ -75,7 +76,8 @@ def plot_run(report: dict[str, Any], records: list[dict[str, Any]] | None, out: 
             for phase, color in PHASE_COLORS.items():
                 seconds = (f.get("phases_s") or {}).get(phase)
                 if seconds:
-                    bottom.barh(i, seconds, height=0.55, left=left, color=color, label=phase.replace("_", " ") if i == 0 else None)
+                    bottom.barh(i, seconds, height=0.55, left=left, color=color,
+                                label=phase.replace("_", " ") if i == 0 else None)
                     left += seconds
             total = f.get("downtime_s")
             bottom.text(left, i, f"  {total:.3f} s" if total is not None else "  not recovered",

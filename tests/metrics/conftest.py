@@ -1,7 +1,6 @@
 """A real Prometheus server (Debian's ``prometheus``; .ci/run installs it) on loopback, started
 and stopped by the test that asks for it, scraping one target every half second."""
 import json
-import os
 import shutil
 import socket
 import subprocess
