@@ -22,6 +22,7 @@ import os
 import secrets
 import stat
 
+from hotspare.checkpoint.layout import open_regular
 from hotspare.errors import ConfigError
 
 ENV_KEY = "HOTSPARE_CHECKPOINT_KEY"        # the key *file* (a path), never the key itself
@@ -44,7 +45,7 @@ def load_key(path: str | None = None, create: bool = True) -> bytes:
     if create and not os.path.lexists(path):
         _create(path)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)    # a FIFO would block
     except FileNotFoundError:
         raise CheckpointKeyError(
             f"checkpoint key {path} does not exist: use the key file the checkpoints were written "
@@ -103,8 +104,9 @@ def mac_ok(key: bytes, data: bytes, expected: str) -> bool:
 
 
 def file_sha256(path: str) -> str:
+    """The sha256 of the regular file ``path`` (a FIFO or device is refused, never waited on)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(open_regular(path), "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

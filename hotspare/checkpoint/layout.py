@@ -3,18 +3,27 @@
 durable writes, pruning. No torch here."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 
 from hotspare.errors import HotspareError
 
 FORMAT_VERSION = 2          # 2: authenticated (file digests + HMAC); 1 had neither
 METADATA = ".metadata"      # DCP's metadata file (a pickle: parsed by checkpoint.metadata only)
-SIDECAR_MAX = 64 << 20
+# Caps on what is read from a checkpoint before it is authenticated, and what save() writes, so
+# that every checkpoint save() made can be read back and nothing bigger is ever parsed. The
+# sidecar holds ~100-250 bytes per tensor (its dtype and shape, its entry in the manifest) and
+# the registry's non-tensor state: 16 MiB is room for some 70,000 tensors. DCP's .metadata
+# holds ~200 bytes per tensor.
+SIDECAR_MAX = 16 << 20
+METADATA_MAX = 64 << 20
+LATEST_MAX = 64             # "step-000001200\n"
 SIDECAR = "hotspare.json"
 LATEST = "LATEST"
 STEP_RE = re.compile(r"^step-(\d{9,})$")
@@ -34,6 +43,43 @@ class CheckpointInfo:
     nbytes: int         # bytes of tensor data
     saved_at: float     # time.time() when the write finished
 
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file: not a symbolic link, and
+    never a FIFO or device, which could block the reader forever (refused with an OSError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bounded(path: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, refused (OSError, EFBIG) when it holds more than
+    ``limit``: its size is read first, so an oversized file costs one ``fstat``, and no more than
+    that size (+1, to see a file that grows meanwhile, also refused) is ever read."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise OSError(errno.EFBIG, f"{size} bytes, more than the {limit} hotspare writes or reads")
+        chunks, got = [], 0
+        while got <= size:
+            chunk = os.read(fd, min(1 << 20, size + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if got > size:
+            raise OSError(errno.EFBIG, "it grew while it was read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def fingerprint_of(shapes: dict[str, tuple[str, list[int]]]) -> str:
@@ -89,8 +135,7 @@ def complete(directory: str) -> list[tuple[int, str]]:
 
 def latest_name(directory: str) -> str | None:
     try:
-        with open(os.path.join(directory, LATEST), encoding="utf-8") as f:
-            name = f.read().strip()
+        name = read_bounded(os.path.join(directory, LATEST), LATEST_MAX).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return name if STEP_RE.match(name) else None

@@ -10,9 +10,17 @@ reports as a ``CheckpointError``). Bytes entries
 hotspare never writes them. ``VerifiedReader`` is a ``FileSystemReader`` whose
 ``read_metadata`` returns metadata parsed this way from bytes the caller has already
 authenticated (see ``auth``), so nothing re-reads the file in between.
+
+Refusal comes before any state is set: pickle's BUILD opcode (``__setstate__``, or setting
+attributes) would otherwise let a pickle that is refused later set an attribute on an object
+that outlives the load (an allowed class itself, the enum's members, our layout lookup). BUILD
+is taken only on a fresh instance of one of DCP's dataclasses, with its own fields as the state
+(``_check_build``); anything else is refused before it is applied. That check needs the
+pure-Python unpickler (the C one has no hook per opcode): slower, and only run at restore time.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import io
 import pickle
@@ -52,7 +60,42 @@ _REPLACED = {("torch.serialization", "_get_layout"): _layout}
 _TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
 
 
-class _Unpickler(pickle.Unpickler):
+def _fields(module: str, name: str) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name)))
+
+
+# BUILD targets: DCP's dataclasses, by exact type, and the names their state may set.
+_BUILDABLE = {getattr(importlib.import_module(m), n): _fields(m, n)
+              for m, names in _ALLOWED.items() for n in names
+              if dataclasses.is_dataclass(getattr(importlib.import_module(m), n, None))}
+_TUPLE_STATE = {dcp_metadata.TensorProperties: 5}   # its __setstate__ takes a tuple of five
+
+
+def _check_build(inst: Any, state: Any) -> None:
+    """Refuse a BUILD (set ``state`` on ``inst``) unless ``inst`` is an instance of one of DCP's
+    dataclasses and ``state`` holds only its own fields; checked before anything is set."""
+    kind = type(inst)
+    names = _BUILDABLE.get(kind)
+    if names is None:
+        raise UnsafeMetadata(f"it sets state on a {kind.__name__[:60]}, which DCP does not write")
+    if kind in _TUPLE_STATE:
+        if not (isinstance(state, tuple) and len(state) == _TUPLE_STATE[kind]):
+            raise UnsafeMetadata(f"it sets a {kind.__name__} from something other than DCP's state")
+        return
+    if not isinstance(state, dict) or not all(isinstance(k, str) and k in names for k in state):
+        got = sorted(map(str, state))[:5] if isinstance(state, dict) else type(state).__name__
+        raise UnsafeMetadata(f"it sets {got} on a {kind.__name__}, which has no such fields")
+
+
+class _Unpickler(pickle._Unpickler):   # the pure-Python one: its opcodes can be checked one by one
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def _load_build(self) -> None:
+        _check_build(self.stack[-2], self.stack[-1])
+        pickle._Unpickler.load_build(self)
+
+    dispatch[pickle.BUILD[0]] = _load_build
+
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _REPLACED:
             return _REPLACED[module, name]

@@ -8,8 +8,8 @@ import json
 import os
 
 from hotspare.checkpoint import auth
-from hotspare.checkpoint.layout import (FORMAT_VERSION, METADATA, SIDECAR, SIDECAR_MAX, STEP_RE, CheckpointError,
-                                        CheckpointInfo, latest_name)
+from hotspare.checkpoint.layout import (FORMAT_VERSION, METADATA, METADATA_MAX, SIDECAR, SIDECAR_MAX, STEP_RE,
+                                        CheckpointError, CheckpointInfo, latest_name, read_bounded)
 
 def signed(side: dict) -> bytes:
     """The bytes the sidecar's MAC covers: every field but ``mac``, canonical JSON."""
@@ -21,11 +21,8 @@ def read_sidecar(ckpt_dir: str, key: bytes) -> dict:
     """The authenticated ``hotspare.json`` of a checkpoint folder; CheckpointError if absent,
     unreadable, of another format version, or not signed with ``key``."""
     path = os.path.join(ckpt_dir, SIDECAR)
-    try:
-        if os.path.islink(path) or os.path.getsize(path) > SIDECAR_MAX:
-            raise OSError("not a regular file of sane size")
-        with open(path, encoding="utf-8") as f:
-            side = json.load(f)
+    try:             # bounded before it is parsed: parsing costs ~25 times the bytes in memory
+        side = json.loads(read_bounded(path, SIDECAR_MAX))
     except FileNotFoundError:
         raise CheckpointError(
             f"not a hotspare checkpoint: {path} is missing (a checkpoint folder is the "
@@ -79,8 +76,7 @@ def verified(ckpt_dir: str, key: bytes) -> tuple[dict, bytes]:
             raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: {name} is not a regular file")
         try:
             if name == METADATA:       # hashed from the very bytes that are parsed later
-                with open(path, "rb") as f:
-                    metadata = f.read()
+                metadata = read_bounded(path, METADATA_MAX)
                 digest = hashlib.sha256(metadata).hexdigest()
             else:
                 digest = auth.file_sha256(path)

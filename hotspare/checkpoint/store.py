@@ -57,9 +57,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException as _DCPError  # a BaseException
 
 from hotspare.checkpoint import auth
-from hotspare.checkpoint.layout import (FORMAT_VERSION, LATEST, METADATA, SIDECAR, CheckpointError, CheckpointInfo,
-                                        fingerprint_of, fsync_dir, meta_digest, prune, step_name, within,
-                                        write_file_durably)
+from hotspare.checkpoint.layout import (FORMAT_VERSION, LATEST, METADATA, METADATA_MAX, SIDECAR, SIDECAR_MAX,
+                                        CheckpointError, CheckpointInfo, fingerprint_of, fsync_dir, meta_digest,
+                                        prune, step_name, within, write_file_durably)
 from hotspare.checkpoint.metadata import UnsafeMetadata, VerifiedReader, parse
 from hotspare.checkpoint.sidecar import info_of, latest, newest_valid, signed, verified, verify
 
@@ -167,7 +167,9 @@ def save(directory: str, step: int, tensors: dict[str, torch.Tensor], meta: dict
             "files": {name: auth.file_sha256(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))},
         }
         side["mac"] = auth.mac(key, signed(side))
-        write_file_durably(os.path.join(tmp, SIDECAR), json.dumps(side))
+        text = json.dumps(side)
+        _readable_back(len(text), os.path.getsize(os.path.join(tmp, METADATA)), len(cpu))
+        write_file_durably(os.path.join(tmp, SIDECAR), text)
         fsync_dir(tmp)
         # 2. publish the folder atomically.
         old = None
@@ -183,12 +185,31 @@ def save(directory: str, step: int, tensors: dict[str, torch.Tensor], meta: dict
         fsync_dir(directory)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+    except _TooBig as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"refused to write the checkpoint for step {step} to {directory}: {e}") from None
     except (Exception, _DCPError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"writing the checkpoint for step {step} to {directory} failed: "
                               f"{_why(e)} (check free space and permissions)") from e
     prune(directory, keep, step)
     return info_of(final, side)
+
+
+def _readable_back(sidecar_bytes: int, metadata_bytes: int, tensors: int) -> None:
+    """Refuse to write a checkpoint that ``verify`` would refuse to read: the caps that keep a
+    planted file from costing memory before it is authenticated (``layout.SIDECAR_MAX``)."""
+    if sidecar_bytes > SIDECAR_MAX:
+        raise _TooBig(f"its {SIDECAR} would be {sidecar_bytes / 2**20:.1f} MiB, more than the "
+                      f"{SIDECAR_MAX >> 20} MiB a checkpoint may hold: `meta` and the non-tensor state of "
+                      f"the tracked objects ({tensors} tensors) go there; keep large state in tensors")
+    if metadata_bytes > METADATA_MAX:
+        raise _TooBig(f"its {METADATA} is {metadata_bytes / 2**20:.1f} MiB, more than the "
+                      f"{METADATA_MAX >> 20} MiB a checkpoint may hold ({tensors} tensors): track fewer, larger tensors")
+
+
+class _TooBig(ValueError):
+    pass
 
 
 def load(path_or_directory: str, fingerprint: str | None = None, *, key: bytes | None = None
