@@ -43,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a node whose renewals stop is lost after SECONDS + --lease-margin (default 3)")
     p.add_argument("--lease-margin", type=float, default=1.0, metavar="SECONDS",
                    help="the wait beyond the lease, time for a cut-off agent to fence itself (default 1)")
+    p.add_argument("--metrics", metavar="ADDR:PORT", default=None,
+                   help="serve Prometheus metrics of every job on http://ADDR:PORT/metrics, each series labelled "
+                        "job_name (off by default; plain HTTP without authentication: never a wildcard; "
+                        "docs/OBSERVABILITY.md)")
     p.add_argument("--allow-inject", action="store_true",
                    help="jobs may load the fault plug-in (submit --inject / --allow-inject, then `hotspare inject "
                         "--coordinator ADDR:PORT --job JOB SPEC`): for drills and tests, never in production")
@@ -66,11 +70,28 @@ def run(args: argparse.Namespace) -> int:
                               "wildcard (the jobs' rendezvous stores are not authenticated)")
         if not 0 < args.node_lease <= 3600 or not 0 <= args.lease_margin <= 3600:
             raise ConfigError("--node-lease must be in (0, 3600] s and --lease-margin in [0, 3600] s")
+        metrics = _metrics(args.metrics, log) if args.metrics else None
         service = Service(host, port, auth.load_secret(args.secret_file), args.secret_file, args.state,
-                          lease=args.node_lease, margin=args.lease_margin, log=log, allow_inject=args.allow_inject)
+                          lease=args.node_lease, margin=args.lease_margin, log=log, allow_inject=args.allow_inject,
+                          observe=metrics[0].install if metrics else None)
     except (ConfigError, OSError) as e:
         print(f"hotspare coordinator: error: {e}", file=sys.stderr)
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: service.stop())
-    return service.serve()
+    try:
+        return service.serve()
+    finally:
+        if metrics:
+            metrics[1].close()
+
+
+def _metrics(address: str, log):
+    """The service's metrics and their /metrics server (hotspare.observe.service)."""
+    from hotspare.observe.metrics import MetricsServer, parse_address
+    from hotspare.observe.service import ServiceMetrics
+    host, port = parse_address(address)
+    metrics = ServiceMetrics()
+    server = MetricsServer(metrics.registry, host, port)
+    log(f"metrics: http://{server.address}/metrics (Prometheus; every job's series labelled job_name)")
+    return metrics, server

@@ -31,7 +31,7 @@ REJOIN_SLACK_S = 1.0      # beyond lease + margin, for the agents' reconnection 
 
 class JobRunner:
     def __init__(self, job: str, cfg: RunConfig, db: StateDB, store: dict[str, Any], lease: float, margin: float,
-                 log: Callable[[str], None], on_end: Callable[["JobRunner"], None], registry=None):
+                 log: Callable[[str], None], on_end: Callable[["JobRunner"], None], registry=None, observe=None):
         """``registry``: the service's device registry (``hotspare.health.registry``, in its
         database); the job's health desk watches its hosts' devices there, unless the job's
         --telemetry is off (or no registry is given)."""
@@ -48,6 +48,8 @@ class JobRunner:
         # how often its hosts' agents poll their devices and send the readings (0: not at all)
         self.telemetry_period = cfg.health.telemetry_period if watched else 0.0
         self.ledger, self.coord = control_plane(cfg, self.pre, self.events, self.health, self.log, job=job)
+        if observe is not None:             # hotspare coordinator --metrics (hotspare.observe.service)
+            observe(job, self.coord, self.ledger, self.health)
         self.coord.command("cancel", self._cancel)
         self.coord.journal = lambda: self._save(force=True)
         self.nodes: list[str] = []          # where it was placed, in placement order

@@ -63,13 +63,16 @@ class _Host:
 class Service:
     def __init__(self, host: str, port: int, secret: bytes, secret_file: str, state_dir: str,
                  lease: float = 3.0, margin: float = 1.0, log: Callable[[str], None] = print,
-                 allow_inject: bool = False):
-        """``allow_inject``: jobs may load the fault plug-in (submit --inject / --allow-inject)."""
+                 allow_inject: bool = False, observe=None):
+        """``allow_inject``: jobs may load the fault plug-in (submit --inject / --allow-inject);
+        ``observe(job, coordinator, ledger, health)``: called for each job's coordinator before it
+        starts (hotspare.observe.service, --metrics)."""
         from hotspare.health.reconcile import SlurmReconciler
         from hotspare.health.slurm import mode_from_env
         from hotspare.health.registry import Registry
         self.host, self.secret, self.secret_file = host, secret, os.path.abspath(secret_file)
         self.lease, self.margin, self.log, self.allow_inject = lease, margin, log, allow_inject
+        self.observe = observe
         self.db = StateDB(state_dir)
         # Device health lives in the same database: every job's health desk, and `hotspare
         # health --db DIR/coordinator.db`, read and write it there. Slurm follows it.
@@ -351,7 +354,7 @@ class Service:
     def _runner(self, job: str, request: dict[str, Any], store: dict[str, Any]) -> JobRunner:
         cfg = run_config(request, self.host, self.secret_file, self.allow_inject)
         return JobRunner(job, cfg, self.db, store, self.lease, self.margin, self.log, self._job_ended,
-                         registry=self.registry)
+                         registry=self.registry, observe=self.observe)
 
     def _job_ended(self, runner: JobRunner) -> None:
         """From the job's thread: its hosts go back to the pool once their agents released it
