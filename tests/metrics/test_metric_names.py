@@ -113,7 +113,10 @@ def dashboard_queries() -> list[str]:
     dash = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana" / "hotspare.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", ())]
     exprs += [a["expr"] for a in dash["annotations"]["list"]]
-    return [e.replace("$instance", ".*").replace("$__rate_interval", "1m").replace("$__range", "1h") for e in exprs]
+    fill = {"$instance": ".*", "$job_name": ".*", "$__rate_interval": "1m", "$__range": "1h"}
+    for var, value in fill.items():
+        exprs = [e.replace(var, value) for e in exprs]
+    return exprs
 
 
 def test_the_grafana_dashboard_names_only_metrics_hotspare_exposes():
