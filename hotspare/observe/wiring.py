@@ -51,6 +51,8 @@ class Watch:
             self.server.close()
         if self.dashboard is not None:
             self.dashboard.close()
+            import shutil
+            shutil.rmtree(self.dashboard.token_folder, ignore_errors=True)     # the token dies with the run
 
 
 def observe(args: argparse.Namespace, report: str | None, coordinator, ledger, health,
@@ -104,6 +106,12 @@ def _dashboard(address: str, secret: bytes, log: Callable[[str], None]):
     fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
-    dash = Dashboard(host, port, token, log)
+    try:
+        dash = Dashboard(host, port, token, log)
+    except Exception:
+        import shutil
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    dash.token_folder = folder
     log(f"dashboard: http://{dash.address}/ (read-only; log in with the token in {token_file})")
     return dash
