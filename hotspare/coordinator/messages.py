@@ -114,6 +114,13 @@ class WorkerMessages:
                            f"{self.ledger.total_steps}. Every rank must pass the same total (a value computed "
                            "from the rank or world size before init() differs on a spare)", t)
             return None
+        early = [(r, d.step) for r, d in self.view.done.items() if d.step < step and d.gen == msg["gen"]]
+        if early and not self.view.phase.over:
+            r, s = early[0]
+            self._stop_now(f"rank {r} left the training loop after step {s} while rank {rank} went on to step {step}: "
+                           "an early stop (a `break` out of job.steps or job.epochs) must be decided the same on "
+                           "every rank, e.g. from an all-reduced or broadcast metric", t)
+            return None
         self.progress.step_committed(t)
         parts = msg.get("after_exchange")
         if isinstance(parts, list) and parts and all(isinstance(x, str) and len(x) <= 200 for x in parts[:64]):

@@ -46,6 +46,8 @@ class GradientExchange(Protocol):
 
     def broadcast_buffers(self, buffers) -> None: ...
 
+    def reduce_side(self, tensor: torch.Tensor) -> dist.Work: ...
+
 
 class _Backward:
     """One DDP's hook state: the buckets of the backward in progress."""
@@ -111,7 +113,8 @@ def wrap_ddp(module: torch.nn.Module, seam: GradientExchange | None, **kwargs: A
     # DDP's own group is a world of one with no threads (pg/solo.py); the initial sync across
     # ranks is hotspare's (the first generation's state sync), so DDP's init_sync has no peers.
     kwargs.pop("init_sync", None)
-    ddp = DDP(module, process_group=SoloGroup(), init_sync=False, forward_sync_buffers=False, **kwargs)
+    side = seam.reduce_side if kwargs.get("find_unused_parameters") else None
+    ddp = DDP(module, process_group=SoloGroup(side), init_sync=False, forward_sync_buffers=False, **kwargs)
     stabilize_buckets(ddp)
     ddp.register_comm_hook(_Backward(seam), _allreduce_hook)
     if sync_buffers is not False and any(True for _ in module.buffers()):

@@ -131,6 +131,9 @@ class Job:
         self._ddps: list[torch.nn.Module] = []
         self._plain = (0, 1)                  # (rank, world size) outside hotspare run
         self._checked_tracking = False
+        self._left_early = False              # the script left job.steps/job.epochs before the end
+        self._finished = False
+        self._crashed = False
         self._undo: Undo | None = None        # what a failed attempt's iteration must not keep
         self._rewind = False                  # a failed attempt is undone at the next resume point
         self._top: tuple[int, torch.Tensor] | None = None   # (step, per-rank state) at the iteration's top
@@ -190,6 +193,8 @@ class Job:
             from hotspare.testing.faults.worker import FaultHooks
             self.hooks = FaultHooks(self.link, self._fault_targets, lambda: self.rank)
         self.link.connect()   # says hello
+        atexit.register(self._at_exit)
+        self._previous_hook, sys.excepthook = sys.excepthook, self._excepthook
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
         sync = StateSync(self.registry, self.rankstate, self.grads, self.rows)
@@ -296,10 +301,14 @@ class Job:
         self._require_tracked("job.epochs()")
         self.ensure_synced()
         start = max((l.next_epoch() for l in self.loaders), default=0)
-        for epoch in range(start, total):
-            self._resume_point()
-            self.epoch = epoch
-            yield epoch
+        try:
+            for epoch in range(start, total):
+                self._resume_point()
+                self.epoch = epoch
+                yield epoch
+        except GeneratorExit:       # `break`: an early stop (finished when the script ends)
+            self._left_early = True
+            raise
         self._resume_point()
         self.epoch = None
         self._finish_all()
@@ -330,9 +339,14 @@ class Job:
             step = self._next_step(total)
             if step >= total:
                 if self._finish():
+                    self._finished = True
                     return
                 continue
-            yield Step(self, step)
+            try:
+                yield Step(self, step)
+            except GeneratorExit:   # `break`: an early stop (finished when the script ends)
+                self._left_early = True
+                raise
 
     def ensure_synced(self) -> None:
         """Before the first step: take the state this rank was given when it joined (deferred
@@ -450,6 +464,7 @@ class Job:
 
     def _finish_all(self) -> None:
         """The last step is done: report it (managed), or wait for every rank (plain)."""
+        self._finished = True
         if self.managed:
             if self.rank == 0:
                 self._persist.flush()      # a checkpoint in flight reports itself when durable
@@ -462,6 +477,30 @@ class Job:
         """Report completion; True when released, False if a recovery needs us first."""
         return not self.members.leave("done", None, teardown=False, step=self.committed,
                                       digest=self.digest, rank_digest=self.rank_digest)
+
+    def _at_exit(self) -> None:
+        """The script ends. If it left the training loop early (an early-stopping ``break``) and
+        did not crash, the job is done at its last committed step: report it like the end of
+        ``job.steps`` (every rank must stop at the same step; the coordinator checks)."""
+        if not (self._left_early and not self._finished and not self._crashed and self.members is not None
+                and self.members.rank is not None):
+            return
+        if self._rewind:
+            # The `break` ran after a step that failed and was never committed: the replacement
+            # re-runs that step and goes on, this rank cannot. Stop clearly, not differently.
+            err = ConfigError(f"the script left the training loop right after step {self.committed + 1} failed "
+                              "(it was being recovered): the early-stopping `break` ran for an attempt that was never "
+                              "committed. Decide to stop at the top of the loop body (before `with step:`, from the "
+                              "last committed step's metrics), where a re-run step cannot reach it first")
+            print(f"hotspare: rank {self.rank}: {err}", file=sys.stderr, flush=True)
+            self.protocol.report_crash(self.committed + 1, err)
+            return
+        self._resume_point()
+        self._finish_all()
+
+    def _excepthook(self, et, ev, tb) -> None:
+        self._crashed = True
+        self._previous_hook(et, ev, tb)
 
     # ------------------------------------------------------------------ recovery
     def _recover_all(self) -> None:

@@ -59,6 +59,7 @@ class StepProtocol:
         self._entry_buf: torch.Tensor | None = None
         self._reported_gen = -1                # the generation whose first commit was reported
         self._warned_after_exchange = False
+        self._side: list = []                  # DDP's own collectives of this backward (reduce_side)
         self.changed_between: set[str] = set()  # per-rank parts changed between steps (Job._resume_point)
         # Outside hotspare run, rank 0 prints its metrics at most every print_every seconds.
         self.plain_rank: int | None = None
@@ -70,6 +71,7 @@ class StepProtocol:
         self.current = step
         self.collectives.clear()
         self._exchange_t = None
+        self._side = []
         if self.vote is not None:
             self.vote.begin_step()
         self._t0 = time.perf_counter()
@@ -211,6 +213,20 @@ class StepProtocol:
             self.collectives.note(e)
             return e
 
+    def reduce_side(self, tensor: torch.Tensor) -> dist.Work:
+        """A collective DDP's reducer issues besides the buckets: the all-reduce of the map of
+        parameters each rank used (find_unused_parameters=True), on the generation's group. It
+        comes after the backward's last bucket on every rank; ``finish_reduction`` waits for it."""
+        m = self.members
+        try:
+            m.check()
+            work = m.group.allreduce(tensor)
+        except Exception as e:
+            self.collectives.note(e)
+            raise
+        self._side.append(work)
+        return work
+
     def finish_reduction(self, started: list[dist.Work | BaseException],
                          buffers: list[torch.Tensor]) -> BaseException | None:
         """At the end of backward, before any optimizer steps: wait for every bucket's reduction
@@ -225,6 +241,14 @@ class StepProtocol:
             try:
                 work.wait()
             except Exception as e:          # the first failure is the step's; DDP stops there too
+                self.collectives.note(e)
+                error = e
+                break
+        side, self._side = self._side, []
+        for work in side if error is None else ():
+            try:
+                work.wait()
+            except Exception as e:
                 self.collectives.note(e)
                 error = e
                 break
