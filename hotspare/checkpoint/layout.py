@@ -59,7 +59,7 @@ def open_regular(path: str) -> int:
     return fd
 
 
-def read_bounded(path: str, limit: int) -> bytes:
+def read_bounded(path: str, limit: int) -> bytearray:
     """The bytes of the regular file ``path``, refused (OSError, EFBIG) when it holds more than
     ``limit``: its size is read first, so an oversized file costs one ``fstat``, and no more than
     that size (+1, to see a file that grows meanwhile, also refused) is ever read."""
@@ -68,16 +68,18 @@ def read_bounded(path: str, limit: int) -> bytes:
         size = os.fstat(fd).st_size
         if size > limit:
             raise OSError(errno.EFBIG, f"{size} bytes, more than the {limit} hotspare writes or reads")
-        chunks, got = [], 0
+        buf, got = bytearray(size + 1), 0          # read in place: the file's bytes, once
+        view = memoryview(buf)
         while got <= size:
-            chunk = os.read(fd, min(1 << 20, size + 1 - got))
-            if not chunk:
+            n = os.readv(fd, [view[got:]])
+            if not n:
                 break
-            chunks.append(chunk)
-            got += len(chunk)
+            got += n
+        view.release()
         if got > size:
             raise OSError(errno.EFBIG, "it grew while it was read")
-        return b"".join(chunks)
+        del buf[got:]
+        return buf
     finally:
         os.close(fd)
 

@@ -61,7 +61,7 @@ from hotspare.checkpoint.layout import (FORMAT_VERSION, LATEST, METADATA, METADA
                                         CheckpointError, CheckpointInfo, fingerprint_of, fsync_dir, meta_digest,
                                         prune, step_name, within, write_file_durably)
 from hotspare.checkpoint.metadata import UnsafeMetadata, VerifiedReader, parse
-from hotspare.checkpoint.sidecar import info_of, latest, newest_valid, signed, verified, verify
+from hotspare.checkpoint.sidecar import encode, info_of, latest, newest_valid, verified, verify
 
 __all__ = ["AsyncCheckpointer", "CheckpointError", "CheckpointInfo", "FORMAT_VERSION", "fingerprint_of", "latest",
            "load", "newest_valid", "save", "tensor_digest", "verify", "within"]
@@ -166,10 +166,9 @@ def save(directory: str, step: int, tensors: dict[str, torch.Tensor], meta: dict
             "meta_digest": meta_digest(meta_json), "meta": json.loads(meta_json),
             "files": {name: auth.file_sha256(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))},
         }
-        side["mac"] = auth.mac(key, signed(side))
-        text = json.dumps(side)
-        _readable_back(len(text), os.path.getsize(os.path.join(tmp, METADATA)), len(cpu))
-        write_file_durably(os.path.join(tmp, SIDECAR), text)
+        data = encode(side, key)          # the signed bytes and their MAC: checked before parsing
+        _readable_back(len(data), os.path.getsize(os.path.join(tmp, METADATA)), len(cpu))
+        write_file_durably(os.path.join(tmp, SIDECAR), data.decode("ascii"))
         fsync_dir(tmp)
         # 2. publish the folder atomically.
         old = None

@@ -65,6 +65,30 @@ def test_a_planted_60_mib_sidecar_is_refused_before_it_is_read(tmp_path):
     assert load(str(tmp_path), _fp(t))[0] == 5
 
 
+def test_a_planted_sidecar_under_the_cap_is_refused_by_its_mac_before_it_is_parsed(tmp_path):
+    """Just under the cap, in the form save() writes: the MAC over its raw bytes refuses it,
+    unparsed (parsing it took 385 MiB and 2-10 s). Not in that form: parsed only up to 1 MiB."""
+    planted = tmp_path / "step-000000009"
+    planted.mkdir()
+    filler = b"[" + b"[]," * ((layout.SIDECAR_MAX - 200) // 3) + b"[]]"
+    (planted / "hotspare.json").write_bytes(b'{"a":' + filler + b',"version":2,"mac":"' + b"0" * 64 + b'"}\n')
+    assert os.path.getsize(planted / "hotspare.json") <= layout.SIDECAR_MAX
+    del filler
+    raised, peak, took = _measured(lambda: verify(str(planted)))
+    assert raised is not None and "not signed with this job's checkpoint key" in str(raised)
+    assert peak < layout.SIDECAR_MAX + (1 << 20), f"refusing it allocated {peak / 2**20:.1f} MiB"  # its bytes, once
+    assert took < 2.0
+    (planted / "hotspare.json").write_bytes(b"[" + b"[]," * (sidecar.LEGACY_MAX // 3) + b"[]]")
+    raised, peak, _ = _measured(lambda: verify(str(planted)))
+    assert raised is not None and "not in the signed form this hotspare writes" in str(raised)
+    assert peak < 2 * sidecar.LEGACY_MAX + (1 << 20)
+    # A small one in an older form is parsed, and refused by its MAC (a string that is not ASCII
+    # included: compare_digest of two strings raised TypeError on it).
+    (planted / "hotspare.json").write_text(json.dumps({"version": 2, "mac": "é" * 64}))
+    with pytest.raises(CheckpointError, match="not signed with this job's checkpoint key"):
+        verify(str(planted))
+
+
 def test_a_sidecar_save_could_not_read_back_is_never_written(tmp_path):
     t = _state()
     with pytest.raises(CheckpointError, match=r"hotspare.json would be 1[67]\.\d MiB, more than the 16 MiB .* "
