@@ -21,6 +21,7 @@ Threat model and limits: docs/SECURITY.md.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
@@ -36,6 +37,7 @@ from hotspare.protocol.messages import Message, VersionError, make
 ENV_WORKER_TOKEN = "HOTSPARE_WORKER_TOKEN"
 SECRET_BYTES = 32
 MIN_SECRET_CHARS = 32             # a secret file holds at least this many characters
+SECRET_FILE_MAX = 4096            # ... and at most this many bytes
 HELLO_TIMEOUT_S = 5.0             # a connection must prove itself within this time
 HELLO_MAX_LINE = 16 * 1024        # before the proof, no line may be longer
 CHALLENGE_WAIT_S = 30.0           # a client waits this long for a busy listener's challenge
@@ -92,8 +94,8 @@ def load_secret(path: str | os.PathLike) -> bytes:
     """The secret in ``path``: a file of the job's user that nobody else can read."""
     p = Path(path).expanduser()
     try:
-        st = p.stat()
-        text = p.read_text().strip()
+        st, raw = _read_small(p)
+        text = raw.decode().strip()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"--secret-file {p}: cannot read it ({e}); create one with "
                           f"`python -c 'import secrets; print(secrets.token_hex(32))' > {p}; chmod 600 {p}`") from None
@@ -104,6 +106,21 @@ def load_secret(path: str | os.PathLike) -> bytes:
         raise ConfigError(f"--secret-file {p}: holds {len(text)} characters, at least {MIN_SECRET_CHARS} are "
                           "needed (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
     return text.encode()
+
+
+def _read_small(p: Path) -> tuple[os.stat_result, bytes]:
+    """The stat and bytes of the regular file ``p``, at most ``SECRET_FILE_MAX`` of them: a FIFO
+    or device is refused, never waited on, and a huge file is refused by its size, unread."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > SECRET_FILE_MAX:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {SECRET_FILE_MAX} a secret file holds")
+        return st, os.read(fd, SECRET_FILE_MAX)
+    finally:
+        os.close(fd)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -47,6 +47,22 @@ def test_secret_files_must_be_private_and_long_enough(tmp_path):
         auth.load_secret(tmp_path / "missing")
 
 
+def test_a_huge_file_or_a_fifo_given_as_secret_file_is_refused_unread(tmp_path):
+    """Read size-bounded: a 1 GiB (sparse) file is refused by its size, and a FIFO, which would
+    block the reader until someone writes it, at once."""
+    f = tmp_path / "secret"
+    f.write_text("")
+    f.chmod(0o600)
+    os.truncate(f, 1 << 30)
+    with pytest.raises(ConfigError, match=r"cannot read it \(.*more than the 4096 a secret file holds"):
+        auth.load_secret(f)
+    f.unlink()
+    os.mkfifo(f, 0o600)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        auth.load_secret(f)
+    assert not auth.verify(auth.node_key(SECRET), auth.NODE, "n0", "abc", "é" * 64)   # not ASCII: wrong, no TypeError
+
+
 def test_private_files_and_folders_are_the_users_only(tmp_path):
     old = os.umask(0)                         # even with a permissive umask
     try:
