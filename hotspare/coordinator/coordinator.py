@@ -295,7 +295,13 @@ class Coordinator:
             self._worker_gone(w, -signal.SIGKILL, f"was lost with node {e.node}", e.t, node_lost=True)
 
     def _worker_exited(self, e: ev.WorkerExited) -> None:
-        self._worker_gone(e.worker, e.code, describe_exit(e.code), e.t)
+        desc = describe_exit(e.code)
+        if e.worker in self.ledger.fences and e.code != -signal.SIGKILL:
+            # it died of something else while writing its stacks (SIGUSR1), just before the SIGKILL
+            desc = f"was fenced (SIGKILL; it {desc.removeprefix('was ')} first)"
+        elif e.worker in self.ledger.fences:
+            desc = "was fenced (SIGKILL)"
+        self._worker_gone(e.worker, e.code, desc, e.t)
 
     def _worker_gone(self, worker: str, code: int, desc: str, t: float, node_lost: bool = False) -> None:
         wp = self.nodes.workers[worker]

@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from hotspare.errors import ConfigError, JobFailed
 from hotspare.protocol.workerenv import BACKENDS, WorkerEnv
+from hotspare.runtime.contract import LoaderGuard, UntrackedWatch, untracked_kinds
 from hotspare.runtime.failures import Collectives
 from hotspare.runtime.healthvote import HealthVote
 from hotspare.runtime.hooks import WorkerHooks
@@ -131,6 +132,7 @@ class Job:
         self._ddps: list[torch.nn.Module] = []
         self._plain = (0, 1)                  # (rank, world size) outside hotspare run
         self._checked_tracking = False
+        self._watch: UntrackedWatch | None = None   # untracked modules watched for change
         self._left_early = False              # the script left job.steps/job.epochs before the end
         self._finished = False
         self._crashed = False
@@ -194,6 +196,8 @@ class Job:
             self.hooks = FaultHooks(self.link, self._fault_targets, lambda: self.rank)
         self.link.connect()   # says hello
         atexit.register(self._at_exit)
+        LoaderGuard(lambda: self.protocol.current if self.protocol.current is not None else self.committed + 1,
+                    self._contract_failed).install()
         self._previous_hook, sys.excepthook = sys.excepthook, self._excepthook
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
@@ -373,23 +377,16 @@ class Job:
                               "hotspare must know which state a spare receives")
 
     def _check_tracking(self) -> None:
-        """State hotspare must know about but was not told of: a clear error now, instead of a
-        replacement that silently differs (and a health vote that blames the hardware)."""
-        tracked = {id(o) for o in self.registry.objects().values()}
-        optimizers = {id(o) for o in self.registry.objects().values() if isinstance(o, torch.optim.Optimizer)}
-        kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau,
-                 torch.amp.GradScaler)
-        with warnings.catch_warnings():     # isinstance() on deprecated torch objects warns
-            warnings.simplefilter("ignore")
-            found = [o for o in gc.get_objects() if isinstance(o, kinds) and id(o) not in tracked]
-        for obj in found:                   # one pass over the heap, once, at the job's start
-            if isinstance(obj, torch.amp.GradScaler):
-                if obj.is_enabled():
-                    raise ConfigError("an enabled GradScaler is not tracked: a replacement would restart "
-                                      "its loss scale; add it: job.track(scaler=...)")
-            elif id(getattr(obj, "optimizer", None)) in optimizers:
-                raise ConfigError(f"a {type(obj).__name__} on the tracked optimizer is not tracked: a "
-                                  "replacement would restart it; add it: job.track(scheduler=...)")
+        """State hotspare must know about but was not told of: a clear error now (or within a
+        few steps, runtime/contract.py), instead of a replacement that silently differs."""
+        untracked_kinds(self.registry.objects())
+        self._watch = UntrackedWatch(self.registry.objects(), self.committed + 1)
+
+    def _contract_failed(self, err: ConfigError) -> None:
+        """A check of runtime/contract.py failed: the script's error, reported and raised."""
+        if self.protocol.current is None:       # inside a step, leaving it reports the crash
+            self.protocol.report_crash(self.committed + 1, err)
+        raise err
 
     # ------------------------------------------------------------------ the loop
     def _plain_steps(self, total: int) -> Iterator[Step]:
@@ -441,6 +438,13 @@ class Job:
         if rewind and top is not None and top[0] == self.committed + 1:
             self.rankstate.restore(top[1], data_position=False)
             return
+        if self._watch is not None and self.role == "active":
+            try:
+                if self._watch.check(self.committed + 1):
+                    self._watch = None
+            except ConfigError as e:
+                self._watch = None
+                self._contract_failed(e)
         if not capture:
             return
         now = self.rankstate.capture()

@@ -54,7 +54,9 @@ class ResumableLoader:
             len(loader)
         except TypeError:
             raise ConfigError("job.loader() needs a loader with a length (a map-style dataset): a replacement "
-                              "finds its place in the epoch by counting batches") from None
+                              "finds its place in the epoch by counting batches. For an IterableDataset, draw its "
+                              "data from a torch.Generator given to job.track (as examples/mlp_accum.py does) and "
+                              "iterate it without job.loader, in the main process (num_workers=0)") from None
         self.loader = loader
         self.name = name
         self.nbytes = 16 + _RNG_BYTES
@@ -143,7 +145,7 @@ class ResumableLoader:
             self._kept.clear()
             self._draws.clear()
             self._iter_rng = self._before = torch.get_rng_state()
-            self._it = iter(self.loader)
+            self._it = _mark(iter(self.loader))
         self._started = True
         return self._batches()
 
@@ -153,7 +155,7 @@ class ResumableLoader:
         current = torch.get_rng_state()
         torch.set_rng_state(self._iter_rng)
         try:
-            self._it = iter(self.loader)
+            self._it = _mark(iter(self.loader))
             for _ in range(self._consumed):
                 next(self._it)
         finally:
@@ -231,3 +233,12 @@ class ResumableLoader:
         if not self._started:
             return 0
         return self._epoch + (1 if self._consumed >= len(self.loader) else 0)
+
+
+def _mark(it: Iterator) -> Iterator:
+    """An iterator of ours: the loader guard (runtime/contract.py) leaves it alone."""
+    try:
+        it._hotspare_resumable = True
+    except AttributeError:
+        pass
+    return it

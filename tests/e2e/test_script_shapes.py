@@ -131,3 +131,12 @@ def test_a_break_after_a_failed_attempt_of_the_stop_step_stops_clearly():
     r = run_job(["--stop-at", "11"], script=SCRIPT, inject=["kill:rank=2:step=11"])
     assert r.code != 0, r.output
     assert "early-stopping `break` ran for an attempt that was never committed" in r.output, r.output
+
+
+def test_an_untracked_ema_and_a_raw_dataloader_are_clear_errors_before_any_failover():
+    # Nothing fails here: the script itself breaks the contract, and says how to fix it.
+    r = run_job(["--ema-untracked"], script=SCRIPT, spares=0)
+    assert r.code != 0 and "AveragedModel" in r.output and "is not tracked" in r.output, r.output
+    assert "pass it to job.track" in r.output
+    r = run_job(["--raw-loader"], script=SCRIPT, spares=0)
+    assert r.code != 0 and "without job.loader" in r.output and "job.loader(DataLoader" in r.output, r.output
