@@ -98,11 +98,31 @@ def problem(path: Path, mode: str = "rw") -> str | None:
                     value = ok              # never what ``ok`` accepts
                 if value is ok or not ok(value):
                     return f"holds a bad row: {table} {str(name)[:64]!r}, its {column} is not what the service wrote"
+        if "health_registry" in tables:
+            for (doc,) in db.execute("SELECT doc FROM health_registry"):
+                if not _health_ok(doc):
+                    return "holds a bad row: health_registry, its doc is not the device registry the service wrote"
     except sqlite3.Error as e:
         return f"is damaged ({e})"
     finally:
         db.close()
     return None
+
+
+def _health_ok(doc: Any) -> bool:
+    """The device registry's document (``hotspare.health.registry``), as it reads it."""
+    from hotspare.health.records import record_from_json
+    from hotspare.health.registry import FORMAT
+    try:
+        data = json.loads(doc)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            return False
+        int(data["revision"])
+        for device, record in data["devices"].items():
+            record_from_json(device, record)
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
+        return False
+    return True
 
 
 def _describe_backup(path: Path) -> tuple[str | None, str]:

@@ -28,6 +28,12 @@ def state(tmp_path):
     db.save_state("j1", {"format": 1, "view": {"generation": 1, "pad": "x" * 20000}})
     db.event("placed", "j1")
     db.close()
+    from hotspare.health.registry import Registry
+    registry = Registry(tmp_path / "state" / "coordinator.db")
+    registry.ensure("a/cpu0")                  # the service's device registry too
+    registry.store.close()
+    db = StateDB(tmp_path / "state")       # the backup holds it
+    db.close()
     return tmp_path / "state"
 
 
@@ -49,6 +55,13 @@ def bad_json_row(path):
     db.close()
 
 
+def bad_health_row(path):
+    db = sqlite3.connect(path)
+    db.execute("INSERT OR REPLACE INTO health_registry (id, doc) VALUES (1, ?)", ('{"format": "hotspare-health-re',))
+    db.commit()
+    db.close()
+
+
 def empty(path):
     path.write_bytes(b"")
 
@@ -62,6 +75,7 @@ def garbage(path):
 @pytest.mark.parametrize("damage, what", [
     (truncated, "is damaged"),
     (bad_json_row, "holds a bad row: jobs 'j2', its request"),
+    (bad_health_row, "holds a bad row: health_registry"),
     (empty, "is empty (0 bytes)"),
     (garbage, "is damaged"),
 ])
