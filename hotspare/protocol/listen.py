@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable
 
 from hotspare.errors import ProtocolError
-from hotspare.protocol.auth import HELLO_MAX_LINE, HELLO_TIMEOUT_S, peer
+from hotspare.protocol.auth import HELLO_MAX_LINE, HELLO_TIMEOUT_S
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import MAX_LINE
 
@@ -133,9 +133,10 @@ class Listener:
                     backoff = min(_BACKOFF_S[1], backoff * 2)
                 continue
             backoff = _BACKOFF_S[0]
-            self._start(sock, str(address[0]) if isinstance(address, tuple) else "?")
+            source = str(address[0]) if isinstance(address, tuple) else "?"
+            self._start(sock, source, f"{source}:{address[1]}" if isinstance(address, tuple) else "?")
 
-    def _start(self, sock: socket.socket, source: str) -> None:
+    def _start(self, sock: socket.socket, source: str, who: str) -> None:
         try:
             ch = Channel(sock, max_line=self.hello_max_line)
         except OSError:
@@ -153,7 +154,7 @@ class Listener:
         if victim is not None:
             victim.close()                      # its thread's read returns; it refuses
         try:
-            threading.Thread(target=self._serve, args=(ch,), name=f"{self.name}-conn", daemon=True).start()
+            threading.Thread(target=self._serve, args=(ch, who), name=f"{self.name}-conn", daemon=True).start()
         except RuntimeError as e:          # no thread to spare: this one is dropped, the loop goes on
             _say(f"{self.name}: dropping a connection: {e}")
             self._done_pending(ch)
@@ -167,8 +168,7 @@ class Listener:
         return None
 
     # ------------------------------------------------------------------ one connection
-    def _serve(self, ch: Channel) -> None:
-        who = peer(ch)
+    def _serve(self, ch: Channel, who: str) -> None:
         try:
             hello = self._handshake(ch)
         except Exception as e:  # noqa: BLE001 -- whatever a handshake raises refuses this peer only
