@@ -1,6 +1,8 @@
 """Jobs of the coordinator service on loopback, with real agents and workers: a host serves job
 after job; a cancel is kept (a job cancelled while queued, or while its rendezvous store
-starts, never reaches an agent; one cancelled while running stops after a last checkpoint)."""
+starts, never reaches an agent; one cancelled while running stops after a last checkpoint).
+Each runs real jobs, 25-50 s on 2 busy cores: slow (CI runs -m slow); the pure host lifecycle,
+the run_args and database checks and the agent's link are tested in the default suite."""
 import os
 import re
 
@@ -12,6 +14,7 @@ from hotspare.checkpoint import load_key, newest_valid
 from svcloop import workers_of
 
 
+@pytest.mark.slow
 def test_a_job_cancelled_while_its_store_starts_never_starts_and_its_host_takes_the_next(loopback, monkeypatch):
     """The race of the bug: placement had read the queue and was starting the job's store when
     the cancel came, then overwrote it. Now the commit re-checks the job under the lock."""
@@ -75,3 +78,21 @@ def test_cancelled_while_queued_never_starts_and_cancelled_while_running_stops_w
     assert loopback.row(queued)["state"] == "cancelled"
     assert f"[{queued}] placed" not in loopback.log.text()
     assert f"job {queued}" not in agent.text() and workers_of(queued, agent) == []
+
+
+@pytest.mark.slow
+def test_a_job_cancelled_as_soon_as_it_is_placed_stops_with_no_worker_left_and_its_host_takes_the_next(
+        loopback, tmp_path):
+    """The cancel lands while the job's coordinator still starts its ranks: it is kept until they
+    are started, then the job stops (no rank holds state yet to checkpoint)."""
+    agent = loopback.start_agent("hosta")
+    job = loopback.submit(steps=100000, run_args=["--checkpoint-dir", str(tmp_path / "ck")])
+    while loopback.row(job)["state"] == "queued":
+        pass
+    assert loopback.request("cancel", job=job)["ok"]
+    row = loopback.wait_ended(job, timeout=60)
+    assert row["state"] == "cancelled" and row["message"].startswith("cancelled by "), row
+    loopback.wait_hosts({"hosta": "idle"})
+    assert workers_of(job, agent) == []
+    following = loopback.submit()
+    assert loopback.wait_ended(following)["state"] == "finished", loopback.log.text()
