@@ -15,7 +15,14 @@ devices too (`hotspare health --db DIR/coordinator.db` shows it; each job's host
 devices and run their checks, and placement uses only devices in service). Killed (even kill -9) and
 started again with the same --state, it resumes the jobs that were running: their workers
 train on meanwhile (the coordinator is needed only for membership changes), their agents
-re-register, and a failure that happened while it was away is handled once it is back."""
+re-register, and a failure that happened while it was away is handled once it is back.
+
+It checks its database before it uses it: a truncated or damaged file, a bad row, an empty
+file (or a missing one with its backup beside it) stops it with exit status 2, naming the file
+and the command that restores the backup it keeps (DIR/coordinator.db.backup, made at every
+change of a job's state); it never starts as if it had no jobs. A host serves job after job:
+it goes back to the pool once its agent has ended its part of the last one. `hotspare cancel`
+is kept: a queued job never starts, a running one stops after a last checkpoint."""
 
 EPILOG = """\
 example (this host 10.0.0.1 on the cluster's private network; the same secret file everywhere):
@@ -27,7 +34,7 @@ example (this host 10.0.0.1 on the cluster's private network; the same secret fi
 
 SIGTERM or SIGINT stops the service the way a crash would, only tidily: the running jobs train on
 without it and are resumed when it is started again with the same --state.
-exit status: 0 after SIGTERM / SIGINT; 2 for bad input."""
+exit status: 0 after SIGTERM / SIGINT; 2 for bad input or a database it must not start on."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hotspare.config.run import host_port
-    from hotspare.errors import ConfigError
+    from hotspare.errors import ConfigError, HotspareError
     from hotspare.protocol import auth
     from hotspare.service.service import Service
     t0 = time.time()
@@ -74,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         service = Service(host, port, auth.load_secret(args.secret_file), args.secret_file, args.state,
                           lease=args.node_lease, margin=args.lease_margin, log=log, allow_inject=args.allow_inject,
                           observe=metrics[0].install if metrics else None)
-    except (ConfigError, OSError) as e:
+    except (ConfigError, HotspareError, OSError) as e:      # a refused database says what to do
         print(f"hotspare coordinator: error: {e}", file=sys.stderr)
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
