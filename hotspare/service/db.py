@@ -106,6 +106,10 @@ class StateDB:
                     "spare=excluded.spare, state=excluded.state, seen=excluded.seen",
                     name, json.dumps(devices), int(spare), state, time.time())
 
+    def hosts_gone(self) -> None:
+        """At the service's start no agent is linked yet: every host is gone until it registers."""
+        self._write("UPDATE hosts SET state='gone'")
+
     def host_state(self, name: str, state: str) -> None:
         self._write("UPDATE hosts SET state=?, seen=? WHERE name=?", state, time.time(), name)
 

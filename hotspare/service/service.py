@@ -74,6 +74,7 @@ class Service:
         self.lease, self.margin, self.log, self.allow_inject = lease, margin, log, allow_inject
         self.observe = observe
         self.db = StateDB(state_dir)
+        self.db.hosts_gone()
         # Device health lives in the same database: every job's health desk, and `hotspare
         # health --db DIR/coordinator.db`, read and write it there. Slurm follows it.
         self.registry = Registry(self.db.path)

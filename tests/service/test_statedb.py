@@ -20,3 +20,16 @@ def test_jobs_hosts_and_a_jobs_state_survive_reopening(tmp_path):
     again.ended(job, states.FINISHED, 0, "", {"steps_completed": 3})
     assert again.load_state(job) is None and again.report(job) == {"steps_completed": 3}
     assert [what for _, _, what in again.events(job)] == ["placed"]
+
+
+def test_a_restarted_service_shows_every_host_gone_until_its_agent_registers(tmp_path, secret_file):
+    from hotspare.protocol import auth
+    from hotspare.service.service import Service
+    db = StateDB(tmp_path)
+    db.host("a", ["a/cpu0"], False, "job j1")
+    db.close()
+    svc = Service("127.0.0.1", 0, auth.load_secret(secret_file), secret_file, str(tmp_path), log=lambda line: None)
+    try:
+        assert [(h["name"], h["state"]) for h in svc.db.hosts()] == [("a", "gone")]
+    finally:
+        svc.stop()
