@@ -20,30 +20,79 @@ High-rate worker messages (fault triggers, "reducing" answers, the commits of ra
 (``job.log(loss=...)``), which is what a loss curve and the step time need.
 
 Sinks are callables taking a record: the JSON-lines file (hotspare.observe.stream.EventFile),
-the metrics (hotspare.observe.metrics.RunMetrics.consume). A sink that raises is dropped with one
-line on stderr: watching never stops the training.
+the metrics (hotspare.observe.metrics.RunMetrics.consume). Watching never stops the training:
+
+- the device registry it cannot read (``EMFILE`` while the launcher is out of file descriptors,
+  a registry being replaced, a corrupt one): that look is skipped, said on stderr once and then
+  at most once per ``COMPLAIN_EVERY_S`` with the count, and tried again ``DEVICES_EVERY_S`` later;
+- a sink that raises ``OSError`` for want of a resource (``TRANSIENT``: ``EMFILE``, ``ENFILE``,
+  ``ENOBUFS``, ``ENOMEM``) stays and is given the next record, said the same way;
+- a sink that raises anything else is dropped with one line on stderr;
+- anything else the observer itself raises (in ``start``, an event, ``close``) stops it, with
+  one line on stderr; the job goes on without metrics or event stream from there.
 """
 from __future__ import annotations
 
+import errno
 import sys
 import time
 from typing import Any, Callable
 
 from hotspare.coordinator import events as ev
+from hotspare.health.registry import RegistryError
 
 Sink = Callable[[dict[str, Any]], None]
 _NOISE = frozenset({"step", "joining", "transfer", "reducing"})
 DEVICES_EVERY_S = 1.0
+COMPLAIN_EVERY_S = 60.0
+TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def _say(line: str) -> None:
+    print(f"hotspare: {line}", file=sys.stderr, flush=True)
+
+
+class Complaints:
+    """Troubles that may last (one per ``key``): the first said at once, then at most one line
+    per ``every`` seconds with how many there were since; ``over(key)`` says when it went away."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, every: float = COMPLAIN_EVERY_S,
+                 say: Callable[[str], None] = _say):
+        self.clock, self.every, self.say = clock, every, say
+        self._open: dict[Any, list[float]] = {}         # key -> [said at, count since, count in all]
+
+    def __call__(self, key: Any, line: str) -> None:
+        now = self.clock()
+        c = self._open.get(key)
+        if c is None:
+            self._open[key] = [now, 0, 1]
+            self.say(line)
+            return
+        c[1] += 1
+        c[2] += 1
+        if now - c[0] >= self.every:
+            self.say(f"{line} ({c[1]} more since the last line)")
+            c[0], c[1] = now, 0
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._open
+
+    def over(self, key: Any, line: str) -> None:
+        c = self._open.pop(key, None)
+        if c is not None:
+            self.say(f"{line} ({c[2]} time(s) in all)")
 
 
 class Observer:
     def __init__(self, ledger, view, sinks: list[Sink], health=None, clock: Callable[[], float] = time.time,
-                 nodes=None):
+                 nodes=None, complaints: Complaints | None = None):
         """``ledger``: the run's coordinator.ledger.Ledger; ``view``: its policy view; ``health``:
         its health desk (coordinator.health.HealthMonitor) or None; ``nodes``: its
-        coordinator.nodes.Nodes (where each worker runs), or None."""
+        coordinator.nodes.Nodes (where each worker runs), or None; ``complaints``: how troubles
+        that may last are said (on stderr, rate-limited)."""
         self.ledger, self.view, self.health, self.sinks, self.clock = ledger, view, health, list(sinks), clock
         self.nodes = nodes
+        self.complain = complaints if complaints is not None else Complaints()
         self._failures = 0                      # failure records announced
         self._stage: dict[int, int] = {}        # failure index -> 1 failover said, 2 outcome said
         self._migrations = self._fallbacks = self._health_events = 0
@@ -62,25 +111,35 @@ class Observer:
 
     # ------------------------------------------------------------------ input
     def start(self, settings: dict[str, Any]) -> None:
-        self.emit(ev.record("run_start", self.clock(), {"job": settings, "schema": ev.SCHEMA}))
-        self.sync()
+        self._guarded(self._start, settings)
 
     def on_event(self, event: ev.Event) -> None:
-        if self.broken:
-            return
-        try:
-            if not self._noise(event):
-                self.emit(ev.to_record(event))
-            self.sync(force_devices=isinstance(event, ev.DeviceChecked))
-        except Exception as e:     # noqa: BLE001 - watching must never stop the job it watches
-            self.broken = True
-            print(f"hotspare: the event observer failed and stops ({type(e).__name__}: {e}); the job goes on, "
-                  "without metrics or event stream from here", file=sys.stderr, flush=True)
+        self._guarded(self._on_event, event)
 
     def close(self, code: int | None, report: dict[str, Any]) -> None:
         """The run ended: the last outcomes, then ``run_end`` with the report's totals."""
-        if self.closed or self.broken:
+        self._guarded(self._close, code, report)
+
+    def _guarded(self, step: Callable[..., None], *args: Any) -> None:
+        if self.broken or self.closed:
             return
+        try:
+            step(*args)
+        except Exception as e:     # noqa: BLE001 - watching must never stop the job it watches
+            self.broken = True
+            _say(f"the event observer failed and stops ({type(e).__name__}: {e}); the job goes on, "
+                 "without metrics or event stream from here")
+
+    def _start(self, settings: dict[str, Any]) -> None:
+        self.emit(ev.record("run_start", self.clock(), {"job": settings, "schema": ev.SCHEMA}))
+        self.sync()
+
+    def _on_event(self, event: ev.Event) -> None:
+        if not self._noise(event):
+            self.emit(ev.to_record(event))
+        self.sync(force_devices=isinstance(event, ev.DeviceChecked))
+
+    def _close(self, code: int | None, report: dict[str, Any]) -> None:
         self.sync(force_devices=True)
         keys = ("outcome", "message", "steps_completed", "total_steps", "failures_total", "recovered_zero_loss",
                 "recovered_from_checkpoint", "steps_lost", "steps_repeated", "zero_loss_share",
@@ -154,9 +213,16 @@ class Observer:
         if self.health is None or (not force and now - self._devices_at < DEVICES_EVERY_S):
             return
         self._devices_at = now
+        try:
+            records = self.health.registry.devices()
+        except (OSError, RegistryError) as e:     # EMFILE, a registry being replaced or broken
+            self.complain("registry", f"the event observer cannot read the device registry ({e}); device "
+                                      "states are left out of the event stream until it can; the job goes on")
+            return
+        self.complain.over("registry", "the event observer reads the device registry again")
         mine = set(self.health.devices)
         devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
-                   for r in self.health.registry.devices() if r.device in mine]
+                   for r in records if r.device in mine]
         if devices != self._devices:
             self._devices = devices
             self.emit(ev.record("devices", now, {"devices": devices}))
@@ -164,9 +230,21 @@ class Observer:
     # ------------------------------------------------------------------ output
     def emit(self, rec: dict[str, Any]) -> None:
         for sink in list(self.sinks):
+            name = getattr(sink, "__qualname__", None) or type(sink).__name__
             try:
                 sink(rec)
+            except OSError as e:
+                if e.errno not in TRANSIENT:
+                    self._drop(sink, name, e)
+                    continue
+                self.complain(("sink", id(sink)), f"event sink {name} failed for want of a resource ({e}); "
+                                                  "it is kept and given the next record")
             except Exception as e:      # noqa: BLE001 - a broken sink must not stop the job
-                self.sinks.remove(sink)
-                print(f"hotspare: event sink {getattr(sink, '__qualname__', sink)} failed and is "
-                      f"dropped: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                self._drop(sink, name, e)
+            else:
+                if ("sink", id(sink)) in self.complain:
+                    self.complain.over(("sink", id(sink)), f"event sink {name} takes records again")
+
+    def _drop(self, sink: Sink, name: str, e: Exception) -> None:
+        self.sinks.remove(sink)
+        _say(f"event sink {name} failed and is dropped: {type(e).__name__}: {e}")

@@ -5,6 +5,7 @@ coordinator has no extra listener."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any, Callable
 
 METRICS_HELP = ("serve Prometheus metrics on http://ADDR:PORT/metrics while the job runs (off by default; "
@@ -42,15 +43,21 @@ class Watch:
         self.observer, self.file, self.server, self.path, self.dashboard = observer, file, server, path, dashboard
 
     def close(self, code: int | None, report: dict[str, Any]) -> None:
+        """Never raises: a part that cannot be closed (the stream's last flush on a full disk) is
+        said on stderr, and the run still writes its report."""
         if self.path is not None:
             report["events_file"] = self.path
         self.observer.close(code, report)
-        if self.file is not None:
-            self.file.close()
-        if self.server is not None:
-            self.server.close()
+        for name, part in (("event stream", self.file), ("metrics server", self.server),
+                           ("dashboard", self.dashboard)):
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception as e:      # noqa: BLE001 - the run's report comes first
+                print(f"hotspare: the {name} did not close cleanly: {type(e).__name__}: {e}", file=sys.stderr,
+                      flush=True)
         if self.dashboard is not None:
-            self.dashboard.close()
             import shutil
             shutil.rmtree(self.dashboard.token_folder, ignore_errors=True)     # the token dies with the run
 
