@@ -12,8 +12,10 @@ writes what it returns to the database and the log).
     reserved  -> idle        the job was cancelled while its store started: never told, back
     busy      -> releasing   its job ended and its agent has not yet said ``released``
     busy      -> idle        its job ended and its agent said ``released`` (its workers are gone)
-    releasing -> idle        the agent said ``released`` for that job (or did not within
-                             ``RELEASE_WAIT_S``: then it is taken back all the same, and logged)
+    releasing -> idle        the agent said ``released`` for that job
+    releasing -> gone        it did not within ``RELEASE_WAIT_S``: the service closes its link (an
+                             agent that cannot end its part of a job must not take another; it
+                             ends its workers when it finds its job not resumed, and leaves)
     any       -> gone        its link closed
 
 Only an ``idle`` host is placed. What the next job's setup reads of a host (its devices, its
@@ -26,7 +28,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Union
 
-RELEASE_WAIT_S = 30.0     # after its job ended, an agent that has not said `released` by then is taken back
+RELEASE_WAIT_S = 30.0     # after its job ended, an agent that has not said `released` by then is cut off
 
 
 class HostPhase(enum.Enum):
@@ -132,7 +134,7 @@ class Released:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passes: a host releasing for longer than ``RELEASE_WAIT_S`` is taken back."""
+    """Time passes: a host releasing for longer than ``RELEASE_WAIT_S`` is cut off."""
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,8 @@ def transition(state: HostState, event: HostEvent, now: float) -> tuple[HostStat
         return _move(state, HostPhase.BUSY, event.job, now), f"works for {event.job}"
     if isinstance(event, Tick):
         if phase is HostPhase.RELEASING and now - state.since >= RELEASE_WAIT_S:
-            return (_move(state, HostPhase.IDLE, None, now),
-                    f"its agent did not say released for {job} within {RELEASE_WAIT_S:.0f} s: taken back")
+            return (_move(state, HostPhase.GONE, None, now),
+                    f"its agent did not say released for {job} within {RELEASE_WAIT_S:.0f} s: its link is closed")
         return state, "nothing due"
     if job != event.job:
         return state, f"{type(event).__name__.lower()} for {event.job} while {state.describe()}: ignored"

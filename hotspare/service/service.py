@@ -231,10 +231,13 @@ class Service:
             self.log(f"NODE    {e.node}: left the pool")
 
     def _tick(self) -> None:
+        """A host whose agent did not release its last job in time is cut off (``hostlife``)."""
         with self._lock:
             due = [n for n, h in self.hosts.items() if h.state.phase is HostPhase.RELEASING]
-        if any(self._apply(n, life.Tick()).phase is HostPhase.IDLE for n in due):
-            self._place_queued()
+            cut = [self.hosts[n].channel for n in due if self._apply(n, life.Tick()).phase is HostPhase.GONE]
+        for ch in cut:
+            if ch is not None:
+                ch.close()
 
     def _registered(self, e: ev.NodeConnected) -> None:
         name = e.hello["node"]

@@ -21,12 +21,13 @@ def test_a_host_serves_three_jobs_one_after_another():
         assert state.phase is HostPhase.IDLE and state.job is None
 
 
-def test_a_job_that_ended_before_its_agent_released_waits_for_it_and_is_taken_back_after_the_wait():
+def test_a_job_that_ended_before_its_agent_released_waits_for_it_and_an_agent_that_never_does_is_cut_off():
     state = run([life.Registered(), life.Reserved("j1"), life.Assigned("j1"), life.JobEnded("j1", False)])
     assert state.phase is HostPhase.RELEASING and state.describe() == "releasing (j1 ended)"
     assert transition(state, life.Tick(), life.RELEASE_WAIT_S - 1)[0] == state
+    assert run([life.Released("j1")], state).phase is HostPhase.IDLE
     later, why = transition(state, life.Tick(), life.RELEASE_WAIT_S)
-    assert later.phase is HostPhase.IDLE and "did not say released" in why
+    assert later.phase is HostPhase.GONE and "did not say released" in why      # never placed again as it is
 
 
 def test_a_late_or_stale_release_changes_nothing():
