@@ -140,7 +140,7 @@ class Ledger:
     message: str = ""
     fault_at: dict[str, float] = field(default_factory=dict)      # worker -> when a fault was injected into it
     fences: dict[str, tuple[float, FailureCause, str]] = field(default_factory=dict)  # worker -> (t, cause, rule)
-    # rank -> {"parts", "first_step", "last_step", "steps"}: the rank's script changed its per-rank state
+    # rank -> {"parts", "first_step", "last_step", "steps" (reports)}: the rank's script changed its per-rank state
     # after the step's gradient exchange (runtime/rankstate.py); a replacement of that rank cannot get it
     after_exchange: dict[int, dict[str, Any]] = field(default_factory=dict)
 
@@ -292,7 +292,8 @@ class Ledger:
                 continue
             out.append({"rank": f.rank, "step": f.step, "parts": rec["parts"], "detail": (
                 f"rank {f.rank}'s script changed {', '.join(rec['parts'])} after the gradient exchange "
-                f"({rec['steps']} steps, {rec['first_step']}..{rec['last_step']}): if rank {f.rank} died between such "
+                f"(first at step {rec['first_step']}, last reported at step {rec['last_step']}): if rank {f.rank} "
+                "died between such "
                 "a change and its next exchange, its replacement started without it and the run may differ "
                 "from one without the failure. Move that work to the top of the loop body (before `with "
                 "step:`) or inside `with torch.random.fork_rng():`")})

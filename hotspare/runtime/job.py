@@ -165,6 +165,15 @@ class Job:
         return self.progress.committed
 
     @property
+    def first_step(self) -> int:
+        """The first step this process runs: 0, or on a replacement the step after the one its
+        predecessor committed (takes the state it was given first). For a progress bar that
+        goes on where the lost rank's stopped: ``tqdm(job.steps(n), total=n, initial=job.first_step)``."""
+        self._require_tracked("job.first_step")
+        self.ensure_synced()
+        return self.committed + 1
+
+    @property
     def step_times(self) -> list[float]:
         """Seconds per committed step on this rank."""
         return self.protocol.step_times

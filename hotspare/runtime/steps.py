@@ -29,6 +29,7 @@ from hotspare.runtime.rankstate import GradState, RankState, RowTable
 from hotspare.runtime.vote import HealthFault
 
 COMMITS_HELD, COMMITS_HELD_S = 8, 5.0   # a rank > 0 batches its commit reports (see _report_commit)
+REPEAT_CHANGED = 100       # steps between reports of the same per-rank parts changed after the exchange
 PLAIN_LOG_EVERY_S = 10.0   # outside hotspare run: rank 0's job.log prints at most this often
 
 
@@ -59,6 +60,7 @@ class StepProtocol:
         self._entry_buf: torch.Tensor | None = None
         self._reported_gen = -1                # the generation whose first commit was reported
         self._warned_after_exchange = False
+        self._said_changed: tuple[list[str], int] | None = None   # (parts, step) last reported changed
         self._side: list = []                  # DDP's own collectives of this backward (reduce_side)
         self.changed_between: set[str] = set()  # per-rank parts changed between steps (Job._resume_point)
         # Outside hotspare run, rank 0 prints its metrics at most every print_every seconds.
@@ -127,7 +129,12 @@ class StepProtocol:
         if self.managed:
             exch = self._exchange_t if self._exchange_t is not None else now
             v = self.vote
-            extra = {"after_exchange": changed} if changed else {}
+            # said when the set of parts changes, and at most every REPEAT_CHANGED steps otherwise
+            said = self._said_changed
+            fresh = bool(changed) and (said is None or said[0] != changed or step - said[1] >= REPEAT_CHANGED)
+            if fresh:
+                self._said_changed = (list(changed), step)
+            extra = {"after_exchange": list(changed)} if fresh else {}
             self._report_commit(step=step, total=self.total, dt=dt, metrics=self.metrics,
                                 compute=exch - self._t0, comm=now - exch, check=v.check_s,
                                 check_cpu=v.check_cpu, fp=v.fp_s, **extra)
