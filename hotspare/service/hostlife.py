@@ -168,8 +168,9 @@ def transition(state: HostState, event: HostEvent, now: float) -> tuple[HostStat
     if isinstance(event, Reserved):
         return _move(state, HostPhase.RESERVED, event.job, now), f"reserved for {event.job}"
     if isinstance(event, Assigned):
-        if phase is HostPhase.RESERVED and job != event.job:
-            raise HostPhaseError(f"host reserved for {job} assigned to {event.job}")
+        if phase not in (HostPhase.IDLE, HostPhase.RESERVED) or (phase is HostPhase.RESERVED and job != event.job):
+            raise HostPhaseError(f"host {state.describe()} assigned to {event.job}: only an idle host, or one "
+                                 "reserved for that job, is")
         return _move(state, HostPhase.BUSY, event.job, now), f"works for {event.job}"
     if isinstance(event, Tick):
         if phase is HostPhase.RELEASING and now - state.since >= RELEASE_WAIT_S:

@@ -31,12 +31,12 @@ from hotspare.coordinator.lease import Leases
 from hotspare.coordinator.nodes import NodeEndpoint, refuse
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.health.lifecycle import IN_SERVICE
-from hotspare.protocol import auth
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.lease import welcome_proof
 from hotspare.protocol.messages import Message, make
 from hotspare.service import db as states
 from hotspare.service import hostlife as life
+from hotspare.service.clients import Clients, Wake as _Wake
 from hotspare.service.db import StateDB
 from hotspare.service.hostlife import Agent, HostPhase, HostState
 from hotspare.service.jobargs import run_config
@@ -44,8 +44,6 @@ from hotspare.service.placement import Host, place
 from hotspare.service.runner import JobRunner
 from hotspare.service.stores import start_store, stop_store, store_alive
 
-MAX_QUEUED = 1000
-JOB_ANSWER_S = 10.0       # a running job answers an operator command within this long
 TICK_S = 1.0              # how often the pool looks at hosts whose release is overdue
 
 
@@ -60,7 +58,7 @@ class _Host:
         return Host(self.agent.name, self.agent.devices, self.agent.spare)
 
 
-class Service:
+class Service(Clients):
     def __init__(self, host: str, port: int, secret: bytes, secret_file: str, state_dir: str,
                  lease: float = 3.0, margin: float = 1.0, log: Callable[[str], None] = print,
                  allow_inject: bool = False, observe=None):
@@ -311,7 +309,10 @@ class Service:
             return
         placement = {"hosts": hosts, "spare_hosts": spare_hosts}
         with self._lock:
-            placed = self.db.start_if_queued(row.id, placement, store)
+            # a host whose link closed meanwhile is no longer reserved: the job waits for others
+            left = [n for n in reserved if (self.hosts[n].state.phase, self.hosts[n].state.job)
+                    != (HostPhase.RESERVED, row.id)]
+            placed = not left and self.db.start_if_queued(row.id, placement, store)
             if placed:
                 self.runners[row.id] = runner
                 self.db.event(f"placed on {', '.join(hosts)}" + (f", spares on {', '.join(spare_hosts)}"
@@ -322,6 +323,11 @@ class Service:
             else:
                 for name in reserved:
                     self._apply(name, life.Unreserved(row.id))
+        if left:
+            stop_store(store)
+            self.log(f"[{row.id}] not started yet: {', '.join(left)} left while its store started; it stays queued")
+            self.pool_events.put(_Wake())
+            return
         if not placed:
             stop_store(store)
             self.log(f"[{row.id}] not started: it was cancelled while its rendezvous store started (store stopped)")
@@ -397,100 +403,11 @@ class Service:
         stop_store(runner.store)
         self.pool_events.put(_Wake())
 
-    # ------------------------------------------------------------------ clients (link threads)
-    def _client(self, ch: Channel, msg: Message) -> None:
-        origin = f"{msg['operator'][:64]!r} from {auth.peer(ch)}"
-        try:
-            reply = self._answer(msg["command"], msg["args"], origin)
-        except (ConfigError, ProtocolError, KeyError, TypeError, ValueError) as e:
-            reply = make("control_reply", ok=False, message=str(e))
-            self.log(f"CLIENT  refused {msg['command'][:32]!r} from {origin}: {e}")
-        try:
-            ch.send(reply)
-        except OSError:
-            pass
-        ch.close()
-
-    def _answer(self, command: str, args: dict[str, Any], origin: str) -> Message:
-        if command == "submit":
-            return self._submit(args, origin)
-        if command == "status":
-            jobs = [j.describe() for j in self.db.jobs()]
-            job = args.get("job")
-            if job is not None:
-                jobs = [j for j in jobs if j["id"] == job]
-                if not jobs:
-                    raise ConfigError(f"no job {str(job)[:64]!r}")
-            return make("control_reply", ok=True, message=f"{len(jobs)} job(s)", jobs=jobs, hosts=self._hosts(),
-                        report=self.db.report(job) if job is not None else None)
-        if command == "cancel":
-            return self._cancel(str(args["job"]), origin)
-        if command == "inject":
-            return self._to_job(str(args["job"]), {"type": "inject", "spec": str(args["spec"])[:1000]}, origin)
-        raise ConfigError(f"unknown command {command[:32]!r}: submit, status, cancel or inject")
-
-    def _cancel(self, job: str, origin: str) -> Message:
-        """One transaction with placement's commit: a queued job is cancelled in the database (and
-        a placement under way then finds it so and starts nothing); a placed one is told to stop."""
-        with self._lock:
-            runner = self.runners.get(job)
-            if runner is not None:
-                runner.cancel(origin)
-            elif not self.db.cancel_if_queued(job, f"cancelled by {origin} before it was placed"):
-                row = self.db.job(job)
-                raise ConfigError(f"no job {job[:64]!r}" if row is None else f"job {job} has {row.state}")
-            else:
-                self.db.event(f"cancelled by {origin} while queued", job)
-        self.log(f"CLIENT  {origin} cancelled {job}")
-        return make("control_reply", ok=True, message=f"job {job} cancelled")
-
-    def _hosts(self) -> list[dict[str, Any]]:
-        """Every host the service knows, with its devices out of service (the registry's)."""
-        out = {r.device: r.state.value for r in self.registry.devices() if r.state not in IN_SERVICE}
-        return [{**h, "out_of_service": {d: out[d] for d in h["devices"] if d in out}} for h in self.db.hosts()]
-
-    def _to_job(self, job: str, msg: Message, origin: str) -> Message:
-        """An operator command for a running job's coordinator (``Coordinator.command``); its answer."""
-        with self._lock:
-            runner = self.runners.get(job)
-        if runner is None:
-            row = self.db.job(job)
-            raise ConfigError(f"no job {job[:64]!r}" if row is None else f"job {job} is not running ({row.state})")
-        answer: "queue.Queue[Message]" = queue.Queue()
-        runner.events.put(ev.OperatorCommand(msg, origin, answer.put, time.time()))
-        try:
-            return answer.get(timeout=JOB_ANSWER_S)
-        except queue.Empty:
-            raise ConfigError(f"job {job} did not answer within {JOB_ANSWER_S:g} s") from None
-
-    def _submit(self, args: dict[str, Any], origin: str) -> Message:
-        request = {"script": str(args["script"]), "args": [str(a) for a in args["args"]],
-                   "nodes": int(args["nodes"]), "nproc_per_node": int(args["nproc_per_node"]),
-                   "spares": int(args["spares"]), "run_args": [str(a) for a in args.get("run_args", [])]}
-        if not 1 <= request["nodes"] <= 4096 or not 1 <= request["nproc_per_node"] <= 4096:
-            raise ConfigError("--nodes and --nproc-per-node must be 1..4096")
-        if len(self.db.jobs((states.QUEUED,))) >= MAX_QUEUED:
-            raise ConfigError(f"{MAX_QUEUED} jobs are queued already")
-        from hotspare.service.checks import service_preflight
-        service_preflight(run_config(request, self.host, self.secret_file, self.allow_inject))  # refuse a bad job now
-        with self._lock:
-            job = self.db.next_job_id()
-            self.db.submit(job, request)
-            self.db.event(f"submitted by {origin}", job)
-        self.log(f"[{job}] submitted by {origin}: {request['nodes']} node(s) x {request['nproc_per_node']} + "
-                 f"{request['spares']} spare(s): {request['script']}")
-        self.pool_events.put(_Wake())
-        return make("control_reply", ok=True, message=f"submitted {job}", job=job)
-
 
 def _warm_up() -> None:
     import importlib
     for module in ("hotspare.checkpoint", "hotspare.service.checks"):
         importlib.import_module(module)
-
-
-class _Wake:
-    """Look at the queue again (a job was submitted or a job ended)."""
 
 
 def _closed(ch: Channel) -> bool:

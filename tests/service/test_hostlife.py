@@ -59,6 +59,7 @@ def test_a_lost_link_is_gone_from_any_phase_and_registering_again_makes_it_idle_
     [life.Registered(), life.Reserved("j1"), life.Assigned("j2")],   # given to another job than reserved for
     [life.Registered(), life.Reserved("j1"), life.Assigned("j1"), life.Assigned("j2")],   # a busy host placed
     [life.Registered(), life.Registered()],                          # registered twice
+    [life.Registered(), life.Reserved("j1"), life.LinkLost(), life.Assigned("j1")],   # left while reserved
 ])
 def test_moves_the_table_does_not_allow_are_bugs(events):
     with pytest.raises(life.HostPhaseError):
