@@ -31,11 +31,9 @@ from __future__ import annotations
 import atexit
 import datetime
 import faulthandler
-import gc
 import os
 import signal
 import sys
-import warnings
 from typing import Any, Iterator
 
 import torch
@@ -55,51 +53,12 @@ from hotspare.runtime.rankstate import GradState, RankState, RowTable
 from hotspare.runtime.state import StateRegistry
 from hotspare.runtime.statesync import StateSync
 from hotspare.runtime.steps import Outcome, StepProtocol
-from hotspare.runtime.undo import Undo
+from hotspare.runtime.iteration import IterationTop, NextStep, Step
 
 # Outside hotspare run, rank 0's job.log prints at most every PLAIN_LOG_EVERY_S seconds (and at
 # the last step); HOTSPARE_LOG_EVERY_S overrides it (0: every step, as bench/overhead.py needs).
 ENV_LOG_EVERY_S = "HOTSPARE_LOG_EVERY_S"
 STORE_TIMEOUT_S = 300
-
-
-class Step(int):
-    """A step number that is also the context manager guarding that step."""
-
-    _job: "Job"
-
-    def __new__(cls, job: "Job", value: int) -> "Step":
-        obj = super().__new__(cls, value)
-        obj._job = job
-        return obj
-
-    def __enter__(self) -> "Step":
-        self._job._enter_step(int(self))
-        return self
-
-    def __exit__(self, et, ev, tb) -> bool:
-        return self._job._exit_step(int(self), ev)
-
-
-class _NextStep:
-    """``with job.step():`` -- the next step, for loops the script drives itself (over a
-    ``job.loader``). A failure inside is swallowed; as the loop takes its next batch, what the
-    rest of the iteration did is undone, the failure is recovered, the batch is the failed
-    step's batch again, and the next ``job.step()`` re-runs the step."""
-
-    def __init__(self, job: "Job"):
-        self._job = job
-        self._step: int | None = None
-
-    def __enter__(self) -> int:
-        self._step = self._job._begin_context_step()
-        self._job._enter_step(self._step)
-        return self._step
-
-    def __exit__(self, et, ev, tb) -> bool:
-        # A recovered failure is swallowed; the recovery itself runs at the top of the loop's
-        # next iteration (Job._resume_point), after the rest of this one, which it undoes.
-        return self._job._exit_step(self._step, ev)
 
 
 class Job:
@@ -132,16 +91,13 @@ class Job:
         self._ddps: list[torch.nn.Module] = []
         self._plain = (0, 1)                  # (rank, world size) outside hotspare run
         self._checked_tracking = False
-        self._watch: UntrackedWatch | None = None   # untracked modules watched for change
         self._left_early = False              # the script left job.steps/job.epochs before the end
         self._finished = False
         self._crashed = False
-        self._undo: Undo | None = None        # what a failed attempt's iteration must not keep
-        self._rewind = False                  # a failed attempt is undone at the next resume point
-        self._top: tuple[int, torch.Tensor] | None = None   # (step, per-rank state) at the iteration's top
         self._persist = Persister(self.registry, on_done=self._report_checkpoint, env=env)
         self.protocol = StepProtocol(self.progress, None, None, None, self.rankstate, self.grads, self.rows,
                                      self.loaders, self.hooks, self.collectives)
+        self.top = IterationTop(self)          # the top of each loop iteration: undo, recover, note
         if log_every_s is None:
             log_every_s = float(os.environ.get(ENV_LOG_EVERY_S, self.protocol.print_every))
         self.protocol.print_every = log_every_s
@@ -326,7 +282,7 @@ class Job:
         self.epoch = None
         self._finish_all()
 
-    def step(self) -> _NextStep:
+    def step(self) -> NextStep:
         """``with job.step():`` guards the next step of a loop the script drives itself, e.g.
         ``for x, y in loader: with job.step(): ...``; the block's value is the step number."""
         self._require_tracked("job.step()")
@@ -334,7 +290,7 @@ class Job:
             raise ConfigError("with job.step(): drive the loop around it with `for epoch in job.epochs(n)` "
                               "(a replacement resumes its epoch there, and the job ends when it ends), "
                               "or use `for step in job.steps(total): with step:`")
-        return _NextStep(self)
+        return NextStep(self)
 
     def steps(self, total: int) -> Iterator[Step]:
         """Yield the steps still to run, ``committed + 1 .. total - 1``, recovering as needed.
@@ -389,7 +345,7 @@ class Job:
         """State hotspare must know about but was not told of: a clear error now (or within a
         few steps, runtime/contract.py), instead of a replacement that silently differs."""
         untracked_kinds(self.registry.objects())
-        self._watch = UntrackedWatch(self.registry.objects(), self.committed + 1)
+        self.top.watch = UntrackedWatch(self.registry.objects(), self.committed + 1)
 
     def _contract_failed(self, err: ConfigError) -> None:
         """A check of runtime/contract.py failed: the script's error, reported and raised."""
@@ -431,36 +387,9 @@ class Job:
         return self._next_step() if self.managed else self.committed + 1
 
     def _resume_point(self, capture: bool = True) -> None:
-        """The top of a loop iteration, between steps (the ``job.steps``/``job.epochs``
-        generators, a ``job.loader`` about to take the next step's batch). After a failed
-        attempt, undo what the rest of its iteration did (runtime/undo.py; per-rank state back
-        to this point of the failed iteration) and recover. Then note this rank's per-rank state
-        here: what changed since its step committed reaches its peers with its next exchange,
-        and the coordinator hears of it (runtime/rankstate.py, RowTable)."""
-        if not self.managed or self.protocol.current is not None:
-            return
-        if self._undo is not None:
-            undo, self._undo = self._undo, None
-            undo.restore()
-        self._recover_all()
-        top, rewind, self._rewind = self._top, self._rewind, False
-        if rewind and top is not None and top[0] == self.committed + 1:
-            self.rankstate.restore(top[1], data_position=False)
-            return
-        if self._watch is not None and self.role == "active":
-            try:
-                if self._watch.check(self.committed + 1):
-                    self._watch = None
-            except ConfigError as e:
-                self._watch = None
-                self._contract_failed(e)
-        if not capture:
-            return
-        now = self.rankstate.capture()
-        own = self.rows.own_at_commit
-        if own is not None and own.numel() == now.numel() and not torch.equal(own, now):
-            self.protocol.changed_between.update(self.rankstate.changed_parts(own, now))
-        self._top = (self.committed + 1, now)
+        """The top of a loop iteration, between steps (runtime/iteration.py ``IterationTop``)."""
+        if self.managed and self.protocol.current is None:
+            self.top.arrive(capture)
 
     def _enter_step(self, step: int) -> None:
         self.protocol.enter(step)
@@ -471,8 +400,7 @@ class Job:
         if outcome is Outcome.COMMITTED and self.managed and self.rank == 0:
             self._persist.after_commit(step)      # a finished write reports itself
         if outcome is Outcome.RECOVER and self.progress.applied < step:
-            # The rest of the loop body still runs for this attempt: keep what it must not change.
-            self._undo, self._rewind = Undo(self.registry.objects()), True
+            self.top.failed(self.registry.objects())   # the rest of the loop body still runs
         return outcome is Outcome.RECOVER
 
     def _finish_all(self) -> None:
@@ -498,7 +426,7 @@ class Job:
         if not (self._left_early and not self._finished and not self._crashed and self.members is not None
                 and self.members.rank is not None):
             return
-        if self._rewind:
+        if self.top.rewind:
             # The `break` ran after a step that failed and was never committed: the replacement
             # re-runs that step and goes on, this rank cannot. Stop clearly, not differently.
             err = ConfigError(f"the script left the training loop right after step {self.committed + 1} failed "
@@ -525,6 +453,7 @@ class Job:
         reason, self.protocol.failure = self.protocol.failure, None
         health, self.vote.failed, self.vote.pause_at = self.vote.failed, None, None
         self.protocol.rollback()
+        self.rows.own_at_commit = None    # no baseline for "changed after the exchange" until the next commit
         self.members.teardown()
         for ddp in self._ddps:
             reset_after_failure(ddp)

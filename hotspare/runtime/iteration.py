@@ -1,0 +1,104 @@
+"""The loop around a training script's steps: the context managers of ``job.steps`` and
+``job.step()``, and the top of each loop iteration, where what a failed attempt's iteration did
+after its step block is undone (runtime/undo.py) before the step runs again (docs/CONTRACT.md,
+"Where code may go").
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hotspare.errors import ConfigError
+from hotspare.runtime.contract import UntrackedWatch
+from hotspare.runtime.undo import Undo
+
+if TYPE_CHECKING:
+    from hotspare.runtime.job import Job
+
+
+class Step(int):
+    """A step number that is also the context manager guarding that step."""
+
+    _job: "Job"
+
+    def __new__(cls, job: "Job", value: int) -> "Step":
+        obj = super().__new__(cls, value)
+        obj._job = job
+        return obj
+
+    def __enter__(self) -> "Step":
+        self._job._enter_step(int(self))
+        return self
+
+    def __exit__(self, et, ev, tb) -> bool:
+        return self._job._exit_step(int(self), ev)
+
+
+class NextStep:
+    """``with job.step():`` -- the next step, for loops the script drives itself (over a
+    ``job.loader``). A failure inside is swallowed; as the loop takes its next batch, what the
+    rest of the iteration did is undone, the failure is recovered, the batch is the failed
+    step's batch again, and the next ``job.step()`` re-runs the step."""
+
+    def __init__(self, job: "Job"):
+        self._job = job
+        self._step: int | None = None
+
+    def __enter__(self) -> int:
+        self._step = self._job._begin_context_step()
+        self._job._enter_step(self._step)
+        return self._step
+
+    def __exit__(self, et, ev, tb) -> bool:
+        # A recovered failure is swallowed; the recovery itself runs at the top of the loop's
+        # next iteration (Job._resume_point), after the rest of this one, which it undoes.
+        return self._job._exit_step(self._step, ev)
+
+
+class IterationTop:
+    """What the job keeps at the top of each loop iteration, between steps (the ``job.steps`` and
+    ``job.epochs`` generators, a ``job.loader`` about to take the next step's batch)."""
+
+    def __init__(self, job: "Job") -> None:
+        self.job = job
+        self.undo: Undo | None = None          # what a failed attempt's iteration must not keep
+        self.rewind = False                    # per-rank state goes back to ``state`` too
+        self.state: tuple[int, torch.Tensor] | None = None   # (step, per-rank state) at the iteration's top
+        self.watch: UntrackedWatch | None = None  # untracked modules watched for change (contract.py)
+
+    def failed(self, objects: dict[str, Any]) -> None:
+        """A step failed before its update: the rest of its loop body still runs."""
+        self.undo, self.rewind = Undo(objects), True
+
+    def arrive(self, capture: bool = True) -> None:
+        """After a failed attempt, undo what the rest of its iteration did (per-rank state back
+        to this point of the failed iteration) and recover. Then note this rank's per-rank state
+        here: what changed since its step committed reaches its peers with its next exchange,
+        and the coordinator hears of it (runtime/rankstate.py, RowTable)."""
+        job = self.job
+        if self.undo is not None:
+            undo, self.undo = self.undo, None
+            undo.restore()
+        job._recover_all()
+        top, rewind, self.rewind = self.state, self.rewind, False
+        if rewind and top is not None and top[0] == job.committed + 1:
+            job.rankstate.restore(top[1], data_position=False)
+            return
+        if self.watch is not None and job.role == "active":
+            try:
+                if self.watch.check(job.committed + 1):
+                    self.watch = None
+            except ConfigError as e:
+                self.watch = None
+                job._contract_failed(e)
+        if not capture:
+            return
+        now = job.rankstate.capture()
+        own = job.rows.own_at_commit
+        if own is not None and own.numel() == now.numel() and not torch.equal(own, now):
+            job.protocol.changed_between.update(job.rankstate.changed_parts(own, now))
+        self.state = (job.committed + 1, now)
+
+
+__all__ = ["Step", "NextStep", "IterationTop"]
