@@ -23,6 +23,7 @@ SUBCOMMANDS = [
     ("health", "hotspare.cli.health"),   # also registers cordon / drain / uncordon
     ("check", "hotspare.cli.check"),     # admission and quarantine diagnostics
     ("inject", "hotspare.cli.inject"),   # a fault for a running job
+    ("verify", "hotspare.cli.verify"),   # a script checked against the step contract
 ]
 
 

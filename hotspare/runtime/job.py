@@ -49,6 +49,7 @@ from hotspare.runtime.hooks import WorkerHooks
 from hotspare.runtime.link import AgentLink
 from hotspare.runtime.loader import ResumableLoader
 from hotspare.runtime.membership import Membership, Progress
+from hotspare.runtime.objdigest import write_verify_digests
 from hotspare.runtime.persist import Persister
 from hotspare.runtime.rankstate import GradState, RankState, RowTable
 from hotspare.runtime.state import StateRegistry
@@ -322,6 +323,7 @@ class Job:
         while True:
             step = self._next_step(total)
             if step >= total:
+                write_verify_digests(self)     # only under `hotspare verify` (HOTSPARE_VERIFY_OUT)
                 if self._finish():
                     return
                 continue
@@ -414,6 +416,7 @@ class Job:
 
     def _finish_all(self) -> None:
         """The last step is done: report it (managed), or wait for every rank (plain)."""
+        write_verify_digests(self)         # only under `hotspare verify` (HOTSPARE_VERIFY_OUT)
         if self.managed:
             if self.rank == 0:
                 self._persist.flush()      # a checkpoint in flight reports itself when durable
