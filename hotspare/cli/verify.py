@@ -13,6 +13,7 @@ Then one verdict per object: "equal", or what differs, where, and what to change
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 DESCRIPTION = """\
 Check a training script against hotspare's step contract before a long run. It runs the script
@@ -110,6 +111,19 @@ def _last_error(output: str) -> str:
     return lines[-1][:300] if lines else "(no output)"
 
 
+def _text(out: bytes | str | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+
+def _fresh(d: str) -> str:
+    """``d``, made if missing, without the digests of an earlier run (``--keep`` reused)."""
+    os.makedirs(d, exist_ok=True)
+    for name in os.listdir(d):
+        if name.startswith("rank") and name.endswith(".json"):
+            os.remove(os.path.join(d, name))
+    return d
+
+
 def _read_digests(d: str) -> dict[int, dict[str, Any]]:
     out = {}
     for name in os.listdir(d):
@@ -123,30 +137,32 @@ def _read_digests(d: str) -> dict[int, dict[str, Any]]:
 def run_hotspare(script: str, args: list[str], nproc: int, fault: str | None, timeout: float,
                  out: str) -> Run:
     from hotspare.testing import run_job
-    os.makedirs(out, exist_ok=True)
-    r = run_job(args, nproc=nproc, spares=1, inject=[fault] if fault else [], script=script,
-                timeout=timeout, env={"HOTSPARE_VERIFY_OUT": out})
+    try:
+        r = run_job(args, nproc=nproc, spares=1, inject=[fault] if fault else [], script=script,
+                    timeout=timeout, env={"HOTSPARE_VERIFY_OUT": _fresh(out)})
+        code, report, output = r.code, r.report, r.output
+    except subprocess.TimeoutExpired as e:
+        code, report, output = 124, None, f"hotspare run timed out after {timeout:.0f} s\n{_text(e.stdout)}"
     kind = None
     if fault:
         f = dict(kv.split("=") for kv in fault.split(":")[1:])
         kind = (fault.split(":")[0], int(f["rank"]), int(f["step"]))
-    return Run(fault or "fault-free", r.code, _read_digests(out), r.report, r.output, kind)
+    return Run(fault or "fault-free", code, _read_digests(out), report, output, kind)
 
 
 def run_torchrun(script: str, args: list[str], nproc: int, timeout: float, out: str) -> Run:
-    os.makedirs(out, exist_ok=True)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))          # torchrun's --master-port 0 does not reach the workers
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-           "HOTSPARE_VERIFY_OUT": out}
+           "HOTSPARE_VERIFY_OUT": _fresh(out)}
     try:
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                                "--master-port", str(port), script, *args],
                               capture_output=True, text=True, timeout=timeout, env=env)
         code, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
-        code, output = 124, f"torchrun timed out after {timeout:.0f} s\n{e.stdout or ''}"
+        code, output = 124, f"torchrun timed out after {timeout:.0f} s\n{_text(e.stdout)}"
     return Run("torchrun", code, _read_digests(out), None, output)
 
 
@@ -293,6 +309,11 @@ def render(verdicts: list[Verdict], problems: list[str]) -> str:
         else:
             lines.append(f"  {v.what:<{width}}  DIFFERS")
             lines += [f"      - {f}" for f in dict.fromkeys(v.findings)]
+    first = [f for v in verdicts for f in dict.fromkeys(v.findings) if ", a consequence of " not in f]
+    if first:
+        lines.append("what to change first (the rest follows from these):" if len(first) < sum(
+            len(v.findings) for v in verdicts) else "what to change:")
+        lines += [f"  - {f}" for f in dict.fromkeys(first)]
     if problems:
         lines.append("the runs themselves:")
         lines += [f"  - {p}" for p in problems]
@@ -300,6 +321,38 @@ def render(verdicts: list[Verdict], problems: list[str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------- command
+def check(script: str, args: list[str], nproc: int, base: str, *, kills: int = 4, seed: int = 0,
+          faults: Callable[[int], list[str]] | None = None, timeout: float = 300, torchrun: bool = True,
+          keep: bool = False, say: Callable[[str], None] = lambda msg: None) -> tuple[list[Verdict], list[str]]:
+    """Run ``script`` fault-free, under torchrun and with ``faults`` (default: ``fault_plan``),
+    each run's digests under ``base``; return ``judge``'s verdicts and problems. ``faults`` maps
+    the number of steps the fault-free run took to the fault specs."""
+    ref = run_hotspare(script, args, nproc, None, timeout, os.path.join(base, "fault-free"))
+    steps = (ref.report or {}).get("steps_completed") or 0
+    say(f"  fault-free under hotspare: exit {ref.code}, {steps} steps, {len(ref.ranks)} ranks' digests")
+    others: list[Run] = []
+    if torchrun:
+        t = run_torchrun(script, args, nproc, timeout, os.path.join(base, "torchrun"))
+        say(f"  plain torchrun: exit {t.code}, {len(t.ranks)} ranks' digests")
+        others.append(t)
+    if ref.code != 0 or len(ref.ranks) < nproc:
+        say("the fault-free run did not finish with every rank's digests: no fault runs")
+        if others and others[0].code != 0:
+            say(f"  (under plain torchrun too: {_last_error(others[0].output)}: a bug of the script itself)")
+    else:
+        for i, spec in enumerate(fault_plan(steps, nproc, kills, seed) if faults is None else faults(steps)):
+            r = run_hotspare(script, args, nproc, spec, timeout, os.path.join(base, f"fault{i}"))
+            rep = r.report or {}
+            say(f"  {spec}: exit {r.code}, {rep.get('failures_total', '?')} failure(s), "
+                f"{rep.get('recovered_zero_loss', '?')} recovered with zero lost steps")
+            others.append(r)
+    for r in [ref, *others] if keep else []:
+        label = r.label.replace(":", "_").replace("=", "")
+        with open(os.path.join(base, f"output-{label}.txt"), "w") as f:
+            f.write(r.output)
+    return judge(ref, others, nproc)
+
+
 def run(a: argparse.Namespace) -> int:
     script = a.script
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
@@ -309,34 +362,11 @@ def run(a: argparse.Namespace) -> int:
     if a.nproc < 2 or a.kills < 0 or a.timeout <= 0:
         print("hotspare verify: error: needs --nproc >= 2 (a failover needs survivors), --kills >= 0, --timeout > 0")
         return 2
-    base = a.keep or tempfile.mkdtemp(prefix="hotspare-verify-")
     say = lambda msg: print(msg, flush=True)             # noqa: E731
     say(f"hotspare verify: {script} {' '.join(args)} on {a.nproc} ranks")
-    ref = run_hotspare(script, args, a.nproc, None, a.timeout, os.path.join(base, "fault-free"))
-    steps = (ref.report or {}).get("steps_completed") or 0
-    say(f"  fault-free under hotspare: exit {ref.code}, {steps} steps, {len(ref.ranks)} ranks' digests")
-    others: list[Run] = []
-    if not a.no_torchrun:
-        t = run_torchrun(script, args, a.nproc, a.timeout, os.path.join(base, "torchrun"))
-        say(f"  plain torchrun: exit {t.code}, {len(t.ranks)} ranks' digests")
-        others.append(t)
-    if ref.code != 0 or len(ref.ranks) < a.nproc:
-        say("the fault-free run did not finish with every rank's digests: no fault runs")
-        if others and others[0].code != 0:
-            say(f"  (under plain torchrun too: {_last_error(others[0].output)}: a bug of the script itself)")
-    else:
-        for i, spec in enumerate(fault_plan(steps, a.nproc, a.kills, a.seed)):
-            r = run_hotspare(script, args, a.nproc, spec, a.timeout, os.path.join(base, f"fault{i}"))
-            rep = r.report or {}
-            say(f"  {spec}: exit {r.code}, {rep.get('failures_total', '?')} failure(s), "
-                f"{rep.get('recovered_zero_loss', '?')} recovered with zero lost steps")
-            others.append(r)
-    if a.keep:
-        for r in [ref, *others]:
-            label = r.label.replace(":", "_").replace("=", "")
-            with open(os.path.join(base, f"output-{label}.txt"), "w") as f:
-                f.write(r.output)
-    verdicts, problems = judge(ref, others, a.nproc)
+    with contextlib.nullcontext(a.keep) if a.keep else tempfile.TemporaryDirectory(prefix="hotspare-verify-") as base:
+        verdicts, problems = check(script, args, a.nproc, base, kills=a.kills, seed=a.seed, timeout=a.timeout,
+                                   torchrun=not a.no_torchrun, keep=bool(a.keep), say=say)
     say("\nverdict, object by object (every rank, every run, against the fault-free run):")
     say(render(verdicts, problems))
     ok = all(v.equal for v in verdicts) and not problems and verdicts
