@@ -271,6 +271,10 @@ def judge(ref: Run, others: list[Run], world: int) -> tuple[list[Verdict], list[
     sample = {n: next(objs[n] for objs in ref.ranks.values() if n in objs) for n in names}
     verdicts = {n: Verdict(n, _what(n, sample[n])) for n in names}
     torchrun = next((r for r in others if r.fault is None), None)
+    if torchrun is not None and torchrun.code == 0 and (ref.code != 0 or len(ref.ranks) < world):
+        problems.insert(0, "the fault-free run under hotspare did not finish where plain torchrun did: "
+                           "hotspare cannot run this script as it is; the error above says why (if it blames "
+                           "the script, check it against docs/CONTRACT.md; if not, report it as a bug)")
     skip = {n for n in UNSEEDED if n in names}
     if torchrun is not None and torchrun.ranks:
         skip = {n for n in skip if _differing(ref.ranks, torchrun.ranks, n)[0]}
@@ -295,9 +299,33 @@ def judge(ref: Run, others: list[Run], world: int) -> tuple[list[Verdict], list[
         causes = [_what(n, sample[n]) for n in diffs if _is_cause(sample[n])]
         for n, (ranks, parts) in diffs.items():
             own = _what(n, sample[n])
-            verdicts[n].findings.append(_kill_finding(run, n, sample[n], ranks, parts, world,
-                                                      [c for c in causes if c != own]))
+            finding = _kill_finding(run, n, sample[n], ranks, parts, world, [c for c in causes if c != own])
+            if verdicts[n].findings and verdicts[n].findings[0].startswith("differs from plain torchrun"):
+                finding = (f"differs on rank(s) {', '.join(map(str, ranks))} after a failover at step "
+                           f"{run.fault[2]} ({run.label}) too: fix its difference from torchrun first")
+            verdicts[n].findings.append(finding)
+    problems += [p for run in [ref, *others] for p in _split_replicas(run, sample, world)]
     return list(verdicts.values()), problems
+
+
+def _split_replicas(run: Run, sample: dict[str, dict], world: int) -> list[str]:
+    """Replicated state that differs between the ranks of one run: its replicas diverged."""
+    out = []
+    for n, entry in sample.items():
+        if entry["how"] != "tracked" or entry["type"] == "Generator":
+            continue
+        part = "parameters" if "parameters" in entry.get("parts", {}) else None
+        seen = {r: (objs.get(n, {}).get("parts", {}).get(part) if part else objs.get(n, {}).get("digest"))
+                for r, objs in sorted(run.ranks.items())}
+        if len(set(seen.values())) > 1:
+            groups: dict[Any, list[int]] = {}
+            for r, d in seen.items():
+                groups.setdefault(d, []).append(r)
+            split = " / ".join(",".join(map(str, g)) for g in groups.values())
+            out.append(f"{run.label}: the replicas of {_what(n, entry)} differ from each other at the end "
+                       f"(ranks that agree: {split}): every rank must hold the same replicated state; under "
+                       "plain torchrun a script's own bug, under hotspare with torchrun agreeing, hotspare's")
+    return out
 
 
 def render(verdicts: list[Verdict], problems: list[str]) -> str:
@@ -309,7 +337,8 @@ def render(verdicts: list[Verdict], problems: list[str]) -> str:
         else:
             lines.append(f"  {v.what:<{width}}  DIFFERS")
             lines += [f"      - {f}" for f in dict.fromkeys(v.findings)]
-    first = [f for v in verdicts for f in dict.fromkeys(v.findings) if ", a consequence of " not in f]
+    first = [f if v.what in f else f"{v.what} {f}" for v in verdicts for f in dict.fromkeys(v.findings)
+             if ", a consequence of " not in f and not f.endswith("fix its difference from torchrun first")]
     if first:
         lines.append("what to change first (the rest follows from these):" if len(first) < sum(
             len(v.findings) for v in verdicts) else "what to change:")

@@ -4,7 +4,8 @@
 
 * every object given to ``job.track`` (a module's parameters and buffers digested apart);
 * every ``nn.Module``, ``Optimizer``, LR scheduler and ``GradScaler`` the script built and did
-  NOT track, found on the heap (a module only when it is no part of another one found);
+  NOT track, found on the heap (a module only when it is no part of another one found and has
+  parameters or buffers);
 * the per-rank parts hotspare keeps (torch's, Python's and numpy's generators, the tracked
   ``torch.Generator``s, each ``job.loader``'s position) and the script's own untracked
   ``torch.Generator``s held in its variables.
@@ -130,7 +131,9 @@ def _untracked(job: Any) -> list[Any]:
     modules = [m for m in found if isinstance(m, torch.nn.Module)]
     for m in modules:                         # a module inside another found one is part of it
         inside.update(id(c) for c in m.modules() if c is not m)
-    return [o for o in found if id(o) not in inside]
+    stateless = lambda o: isinstance(o, torch.nn.Module) and not any(  # noqa: E731  (a loss, an activation)
+        True for _ in o.parameters()) and not any(True for _ in o.buffers())
+    return [o for o in found if id(o) not in inside and not stateless(o)]
 
 
 def object_digests(job: Any) -> dict[str, Any]:

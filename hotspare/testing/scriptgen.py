@@ -12,7 +12,7 @@ features), ``render`` writes it as a small real script (seconds on 4 CPU ranks w
   sched-after   ... stepped after the block (the common spot; issue #28 case 2)
   ema           an AveragedModel EMA of the model, tracked, updated in the step
   gan           a second model and optimizer (a generator/discriminator pair)
-  unused        job.ddp(..., find_unused_parameters=True) and a branch some steps take (case 5)
+  unused        job.ddp(..., find_unused_parameters=True) and a branch some ranks take at some steps (case 5)
   eval-inside   rank 0 alone evaluates, iterating a shuffled DataLoader, inside a step (case 1)
   eval-between  ... between steps (case 3)
   loader        the data from job.loader(DataLoader(..., DistributedSampler, num_workers=2))
@@ -121,7 +121,7 @@ def _model(f: frozenset[str]) -> str:
 def _step_body(f: frozenset[str], ind: str) -> str:
     """The body of one step: ``x, y`` are this step's batch; ``step`` its number."""
     lines = []
-    branch = "step % 3 == 1" if "unused" in f else "False"
+    branch = "bool(x[0, 0] > 0.3)" if "unused" in f else "False"      # data-dependent: differs between ranks
     back = "scaler.scale(loss).backward()" if "scaler" in f else "loss.backward()"
     opt_step = ["scaler.step(opt)", "scaler.update()"] if "scaler" in f else ["opt.step()"]
     if "gan" in f:

@@ -108,6 +108,27 @@ def test_a_failed_run_and_a_rank_without_digests_are_problems_not_equal():
     assert "the runs themselves" in render([], problems)
 
 
+def test_replicas_that_diverged_within_one_run_are_named():
+    split = state()
+    split["model"] = dict(split["model"], digest="m2", parts={"parameters": "mp2", "buffers": "mb"})
+    torchrun = Run("torchrun", 0, ranks(state(), state(), state()))
+    ref = Run("fault-free", 0, ranks(state(), split, state()), REPORT)
+    verdicts, problems = judge(ref, [torchrun], 3)
+    assert problems == ["fault-free: the replicas of Net `model` differ from each other at the end (ranks that "
+                        "agree: 0,2 / 1): every rank must hold the same replicated state; under plain torchrun a "
+                        "script's own bug, under hotspare with torchrun agreeing, hotspare's"]
+    assert {v.name: v for v in verdicts}["model"].findings[0].startswith("differs from plain torchrun on rank(s) 1")
+
+
+def test_a_fault_free_run_that_stops_where_torchrun_finishes_is_said_first():
+    ref = Run("fault-free", 1, {}, REPORT, "StateTrackingError: the replicas differ after step 1")
+    torchrun = Run("torchrun", 0, ranks(state(), state()))
+    verdicts, problems = judge(ref, [torchrun], 2)
+    assert verdicts == []
+    assert problems[0].startswith("the fault-free run under hotspare did not finish where plain torchrun did")
+    assert problems[1] == "fault-free: exit 1: StateTrackingError: the replicas differ after step 1"
+
+
 def test_the_fault_plan_kills_rank_0_the_first_and_the_last_step_and_hangs_one():
     plan = fault_plan(steps=20, world=4, kills=4, seed=1)
     assert plan[0].startswith("kill:rank=0:step=") and 0 < int(plan[0].rsplit("=", 1)[1]) < 19
@@ -144,7 +165,8 @@ def test_verify_passes_a_correct_script_with_every_fault_and_torchrun():
     ("sched-after", ["StepLR `sched` differs on every rank", "move it into the step block"]),
     ("rank0-between", ["rank 0's torch's generator differs after a failover", "outside a step"]),
     ("untracked-ema", ["AveragedModel `ema` differs after a failover", "job.track(ema=ema)"]),
-    ("unused-params", ["Net `model`"]),
+    ("unused-params", ["Net `model` differs from plain torchrun on every rank without any fault",
+                       "fault-free: the replicas of Net `model` differ from each other"]),
 ])
 def test_verify_finds_each_case_of_issue_28_and_says_what_to_change(case, says):
     code, out = verify("--nproc", "2", "--kills", "2", "--", str(CASES), "--steps", "8", "--case", case)

@@ -4,7 +4,7 @@ of the mistakes (and hotspare's own weak spots) of issue #28 built in:
   sched-after    `sched.step()` after the `with step:` block (case 2): it runs again for a failed attempt
   rank0-between  a rank-0 evaluation iterating a shuffled DataLoader between steps (case 3)
   untracked-ema  an AveragedModel EMA updated in the step and not given to job.track (case 4)
-  unused-params  job.ddp(..., find_unused_parameters=True) and a branch some steps take (case 5)
+  unused-params  job.ddp(..., find_unused_parameters=True) and a branch some ranks take at some steps (case 5)
 
     hotspare verify --nproc 2 -- tests/scripts/verify_cases.py --steps 8 --case untracked-ema
 """
@@ -60,7 +60,7 @@ def main():
         with step:
             x = torch.randn(16, 8, generator=data)
             y = (x[:, 0] > 0).long()
-            branch = branchy and step % 2 == 1
+            branch = branchy and bool(x[0, 0] > 0.3)        # data-dependent: differs between ranks
             loss = nn.functional.cross_entropy(model(x, branch), y)
             opt.zero_grad()
             loss.backward()
