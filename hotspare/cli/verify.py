@@ -104,10 +104,13 @@ class Run:
 
 
 def _last_error(output: str) -> str:
+    """The line of a run's output that says best why it failed: the script's exception, else the
+    launcher's "job stopped ..." line, else the last line."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if "Error" in ln or "error:" in ln or "hotspare:" in ln:
-            return ln[:300]
+    for marks in (("Error:", "Exception:", "error:"), ("job stopped", "STOP ", "timed out")):
+        found = [ln for ln in lines if any(m in ln for m in marks)]
+        if found:
+            return found[-1][:300]
     return lines[-1][:300] if lines else "(no output)"
 
 
