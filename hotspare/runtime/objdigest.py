@@ -136,6 +136,18 @@ def _untracked(job: Any) -> list[Any]:
     return [o for o in found if id(o) not in inside and not stateless(o)]
 
 
+def _shape(obj: Any) -> str:
+    """What an object is, without its values: the same in every process of a run, so that objects
+    no variable names are indexed alike on every rank and in every run."""
+    if isinstance(obj, torch.nn.Module):
+        what = [(k, list(t.shape)) for k, t in [*obj.named_parameters(), *obj.named_buffers()]]
+    elif isinstance(obj, torch.optim.Optimizer):
+        what = [[list(p.shape) for p in g["params"]] for g in obj.param_groups]
+    else:
+        what = type(getattr(obj, "optimizer", None)).__name__
+    return f"{type(obj).__name__} {what}"
+
+
 def object_digests(job: Any) -> dict[str, Any]:
     """This rank's state object by object (module docstring); JSON-ready."""
     variables = _script_vars()
@@ -146,7 +158,7 @@ def object_digests(job: Any) -> dict[str, Any]:
         entry.update(how="tracked", var=names.get(id(_unwrap(obj)), name))
         objects[name] = entry
     counts: dict[str, int] = {}
-    for obj in _untracked(job):
+    for obj in sorted(_untracked(job), key=_shape):   # unnamed ones get an index by type and shape
         entry = _describe(obj)
         var = names.get(id(obj))
         if var is None:
