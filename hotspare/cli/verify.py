@@ -92,7 +92,12 @@ class Run:
         if rep is not None:
             want = 0 if self.fault is None else 1
             failures = rep.get("failures", [])
-            if rep.get("failures_total", 0) > want:
+            exits = {f.get("step") for f in failures if f.get("cause") == "exited"}
+            if rep.get("failures_total", 0) > want and len(exits) == 1 and len(failures) - want >= world:
+                out.append(f"every rank left the job at step {exits.pop()} before `job.steps`/`job.epochs` "
+                           f"ended (a `break` out of the loop?), and hotspare counted {rep['failures_total']} "
+                           "failures for it")
+            elif rep.get("failures_total", 0) > want:
                 what = "; ".join(f"rank {f.get('rank')} {f.get('cause')} at step {f.get('step', '?')}"
                                  for f in failures)
                 out.append(f"{rep['failures_total']} failure(s) for {want} fault(s): a rank that was not "
@@ -289,7 +294,7 @@ def judge(ref: Run, others: list[Run], world: int) -> tuple[list[Verdict], list[
         diffs = {n: _differing(ref.ranks, run.ranks, n) for n in names if n not in skip}
         diffs = {n: d for n, d in diffs.items() if d[0]}
         missing = sorted({n for objs in run.ranks.values() for n in objs} - set(names))
-        if missing:
+        if missing and ref.ranks:
             problems.append(f"{run.label}: objects the fault-free run does not have: {', '.join(missing)}")
         if run.fault is None:                 # plain torchrun: no fault at all
             fenced = ref.report and ref.report.get("failures_total", 0) > 0

@@ -129,6 +129,15 @@ def test_a_fault_free_run_that_stops_where_torchrun_finishes_is_said_first():
     assert problems[1] == "fault-free: exit 1: StateTrackingError: the replicas differ after step 1"
 
 
+def test_every_rank_leaving_the_loop_at_the_same_step_is_called_a_break_not_a_hang():
+    rep = {"failures_total": 2, "recovered_zero_loss": 0, "steps_repeated": 0,
+           "failures": [{"rank": r, "cause": "exited", "step": 7} for r in (0, 1)]}
+    ref = Run("fault-free", 1, {}, rep, "job stopped after 7 committed steps (2 failure(s))")
+    _, problems = judge(ref, [], 2)
+    assert "fault-free: every rank left the job at step 7 before `job.steps`/`job.epochs` ended (a `break` " \
+           "out of the loop?), and hotspare counted 2 failures for it" in problems
+
+
 def test_the_fault_plan_kills_rank_0_the_first_and_the_last_step_and_hangs_one():
     plan = fault_plan(steps=20, world=4, kills=4, seed=1)
     assert plan[0].startswith("kill:rank=0:step=") and 0 < int(plan[0].rsplit("=", 1)[1]) < 19
