@@ -154,7 +154,7 @@ def verify(*args, timeout=900):
 
 
 def test_verify_names_an_untracked_ema_that_a_killed_rank_0_lost():
-    code, out = verify("--nproc", "2", "--kills", "1", "--no-torchrun", "--", str(CASES), "--steps", "6",
+    code, out = verify("--nproc", "2", "--kills", "1", "--no-torchrun", "--", str(CASES), "--steps", "4",
                        "--case", "untracked-ema")
     assert code == 1, out
     assert "rank 0's AveragedModel `ema` differs after a failover" in out and "job.track(ema=ema)" in out, out
