@@ -100,9 +100,10 @@ class Run:
             elif rep.get("failures_total", 0) > want:
                 what = "; ".join(f"rank {f.get('rank')} {f.get('cause')} at step {f.get('step', '?')}"
                                  for f in failures)
+                why = ("collectives or long work that only some ranks run inside a step (a rank-0-only "
+                       "evaluation) look like a hang; if the script has none, report it as hotspare's bug")
                 out.append(f"{rep['failures_total']} failure(s) for {want} fault(s): a rank that was not "
-                           f"failing was fenced ({what}). Collectives or long work that only some ranks "
-                           "run inside a step (rank-0-only evaluation) look like a hang")
+                           f"failing was fenced ({what}): {why}")
             if rep.get("recovered_zero_loss") != rep.get("failures_total") or rep.get("steps_repeated"):
                 out.append("a step was lost or repeated")
         return out
