@@ -25,6 +25,7 @@ SUBCOMMANDS = [
     ("inject", "hotspare.cli.inject"),   # a fault for a running job
     ("events", "hotspare.cli.events"),   # a run's event stream (docs/OBSERVABILITY.md)
     ("report", "hotspare.cli.report"),   # a run's report: summary, --plot
+    ("verify", "hotspare.cli.verify"),   # a script checked against the step contract
 ]
 
 

@@ -48,6 +48,7 @@ from hotspare.runtime.hooks import WorkerHooks
 from hotspare.runtime.link import AgentLink
 from hotspare.runtime.loader import ResumableLoader
 from hotspare.runtime.membership import Membership, Progress
+from hotspare.runtime.objdigest import write_verify_digests
 from hotspare.runtime.persist import Persister
 from hotspare.runtime.rankstate import GradState, RankState, RowTable
 from hotspare.runtime.state import StateRegistry
@@ -307,6 +308,7 @@ class Job:
             self._resume_point()
             step = self._next_step(total)
             if step >= total:
+                write_verify_digests(self)     # only under `hotspare verify` (HOTSPARE_VERIFY_OUT)
                 if self._finish():
                     self._finished = True
                     return
@@ -406,6 +408,7 @@ class Job:
     def _finish_all(self) -> None:
         """The last step is done: report it (managed), or wait for every rank (plain)."""
         self._finished = True
+        write_verify_digests(self)         # only under `hotspare verify` (HOTSPARE_VERIFY_OUT)
         if self.managed:
             if self.rank == 0:
                 self._persist.flush()      # a checkpoint in flight reports itself when durable
