@@ -251,10 +251,17 @@ def _kill_finding(run: Run, name: str, entry: dict, ranks: list[int], parts: lis
         if entry["how"] == "untracked":
             return (f"rank {lost}'s {entry['type']} `{var}` differs {where}: it is not tracked, so the replacement "
                     f"started it anew: pass it to job.track({var}={var})")
+        caveat = next((c for c in (run.report or {}).get("caveats") or () if c.get("rank") == lost), None)
         if entry["how"] == "per-rank" and name.startswith("rng/"):
-            return (f"rank {lost}'s {what} differs {where}: that rank drew random numbers outside a step "
-                    "(e.g. a rank-0 evaluation iterating a shuffled DataLoader between steps), which its "
-                    "replacement did not: move that work into the step, or give it its own torch.Generator")
+            return (f"rank {lost}'s {what} differs {where}: that rank drew random numbers after its gradient "
+                    "exchange (e.g. a rank-0 evaluation iterating a shuffled DataLoader after the backward or "
+                    "between steps), which its replacement did not: move that work to the top of the loop body "
+                    "(before `with step:`), where a replacement runs it again, or give it its own torch.Generator")
+        if caveat is not None:
+            return (f"rank {lost}'s {what} differs {where}{parts_txt}: the script changes its per-rank state after "
+                    f"the gradient exchange ({', '.join(caveat.get('parts', []))}; the run's report has a CAVEAT for "
+                    "it), which a replacement cannot receive when the rank dies before its next exchange: do that "
+                    "work (an EMA update, an evaluation) at the top of the loop body, before `with step:`")
         return f"rank {lost}'s {what} differs {where}{parts_txt}: hotspare lost it; please report this as a bug"
     counter = _counter(entry)
     if counter is not None:

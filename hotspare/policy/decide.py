@@ -182,6 +182,12 @@ def _on_health(view: ClusterView, v: HealthVerdict) -> Decision:
 
 def _on_tick(view: ClusterView, tick: Tick) -> Decision:
     if view.phase is JobPhase.RUNNING:
+        fencing = sorted(view.fenced - view.lost)
+        if fencing:
+            # The stall's cause is being removed: its exit starts a recovery that aborts the
+            # generation and frees the ranks blocked behind it (in a collective before the
+            # gradient exchange, say). Judging them now would fence healthy ranks.
+            return Decision((), f"waiting for fenced rank(s) {fencing} to exit")
         active = tuple(a for a in tick.activity if a.rank not in view.fenced)
         hung, reason = find_hung(active, tick.stalled_for, tick.limit)
         if hung:

@@ -18,24 +18,21 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import sys
 import warnings
 from typing import Any, Callable
 
 import torch
 
 from hotspare.errors import ConfigError
+from hotspare.runtime.objdigest import script_name
 
 WATCH_STEPS = 3      # an untracked module is compared again this many steps after the first
 
 
 def _name_of(obj: Any) -> str:
-    """The script's name for ``obj`` (a global of ``__main__``), or its type."""
-    main = sys.modules.get("__main__")
-    for name, value in (vars(main).items() if main is not None else ()):
-        if value is obj and not name.startswith("_"):
-            return f"{type(obj).__name__} `{name}`"
-    return f"an untracked {type(obj).__name__}"
+    """The script's name for ``obj`` (a variable of a ``__main__`` frame), or its type."""
+    name = script_name(obj)
+    return f"{type(obj).__name__} `{name}`" if name else f"an untracked {type(obj).__name__}"
 
 
 def _heap(kinds: tuple[type, ...]) -> list[Any]:

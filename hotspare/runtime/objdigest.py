@@ -114,6 +114,12 @@ def _names(variables: list[tuple[str, Any]]) -> dict[int, str]:
     return names
 
 
+def script_name(obj: Any) -> str | None:
+    """The script's variable that holds ``obj`` (a local of a ``__main__`` frame on the stack,
+    or a global of ``__main__``), or None."""
+    return _names(_script_vars()).get(id(_unwrap(obj)) if isinstance(obj, torch.nn.Module) else id(obj))
+
+
 def _untracked(job: Any) -> list[Any]:
     """The script's modules, optimizers, schedulers and scalers that ``job.track`` was not given."""
     tracked = [_unwrap(o) for o in job.registry.objects().values()]

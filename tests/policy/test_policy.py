@@ -141,6 +141,17 @@ def test_hang_detection_fences_the_stopped_or_lagging_rank_never_a_slow_one():
     assert isinstance(d.actions[0], AbortGeneration) and tick(v, stalled=3.5).actions == ()
 
 
+def test_ranks_blocked_behind_a_rank_being_fenced_are_not_fenced_too():
+    # Rank 3 hangs before DDP's buffer broadcast; ranks 0 and 1 wait in the broadcast, rank 2
+    # got its buffers and waits in the gradient exchange. Rank 3 is fenced; until its exit
+    # starts the recovery (which frees the others), nobody else is judged.
+    v = running_view()
+    d = tick(v, stalled=2.1, stopped=(3,))
+    assert d.actions == (Fence((3,), d.reason),)
+    d = tick(v, stalled=2.4, reducing={0: 9, 1: 9, 2: 10, 3: 9})
+    assert d.actions == () and "waiting for fenced rank(s) [3]" in d.reason
+
+
 def test_silent_survivor_is_fenced_during_recovery():
     v = running_view()
     feed(v, WorkerExited("w1", -9))
