@@ -189,6 +189,9 @@ def fault_plan(steps: int, world: int, kills: int, seed: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- judging
+CAVEATED = "the run's report has a CAVEAT"
+
+
 @dataclass
 class Verdict:
     name: str                         # the object's name in the digests
@@ -199,6 +202,11 @@ class Verdict:
     @property
     def equal(self) -> bool:
         return not self.findings
+
+    @property
+    def caveated(self) -> bool:
+        """Every difference is one the run's own report does not vouch for (a CAVEAT)."""
+        return bool(self.findings) and all(CAVEATED in f for f in self.findings)
 
 
 def _what(name: str, entry: dict[str, Any]) -> str:
@@ -245,21 +253,24 @@ def _kill_finding(run: Run, name: str, entry: dict, ranks: list[int], parts: lis
     var = entry.get("var") or name
     on = "every rank" if len(ranks) == world else f"rank(s) {', '.join(map(str, ranks))}"
     parts_txt = f" (its {' and '.join(parts)})" if parts else ""
+    caveat = next((c for c in (run.report or {}).get("caveats") or () if c.get("rank") == lost), None)
     if causes and not _is_cause(entry):
-        return f"differs on {on} {where}, a consequence of {', '.join(causes)}"
+        said = f" ({CAVEATED} for rank {lost})" if caveat is not None else ""
+        return f"differs on {on} {where}, a consequence of {', '.join(causes)}{said}"
     if ranks == [lost]:
         if entry["how"] == "untracked":
             return (f"rank {lost}'s {entry['type']} `{var}` differs {where}: it is not tracked, so the replacement "
                     f"started it anew: pass it to job.track({var}={var})")
-        caveat = next((c for c in (run.report or {}).get("caveats") or () if c.get("rank") == lost), None)
         if entry["how"] == "per-rank" and name.startswith("rng/"):
+            said = f" ({CAVEATED} for it)" if caveat is not None else ""
             return (f"rank {lost}'s {what} differs {where}: that rank drew random numbers after its gradient "
                     "exchange (e.g. a rank-0 evaluation iterating a shuffled DataLoader after the backward or "
                     "between steps), which its replacement did not: move that work to the top of the loop body "
-                    "(before `with step:`), where a replacement runs it again, or give it its own torch.Generator")
+                    "(before `with step:`), where a replacement runs it again, or give it its own "
+                    f"torch.Generator{said}")
         if caveat is not None:
             return (f"rank {lost}'s {what} differs {where}{parts_txt}: the script changes its per-rank state after "
-                    f"the gradient exchange ({', '.join(caveat.get('parts', []))}; the run's report has a CAVEAT for "
+                    f"the gradient exchange ({', '.join(caveat.get('parts', []))}; {CAVEATED} for "
                     "it), which a replacement cannot receive when the rank dies before its next exchange: do that "
                     "work (an EMA update, an evaluation) at the top of the loop body, before `with step:`")
         return f"rank {lost}'s {what} differs {where}{parts_txt}: hotspare lost it; please report this as a bug"

@@ -5,12 +5,14 @@ after its step block is undone (runtime/undo.py) before the step runs again (doc
 """
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hotspare.errors import ConfigError
 from hotspare.runtime.contract import UntrackedWatch
+from hotspare.runtime.objdigest import write_verify_digests
 from hotspare.runtime.undo import Undo
 
 if TYPE_CHECKING:
@@ -101,4 +103,30 @@ class IterationTop:
         self.state = (job.committed + 1, now)
 
 
-__all__ = ["Step", "NextStep", "IterationTop"]
+def finish_early_stop(job: "Job") -> None:
+    """The script ends. If it left the training loop early (an early-stopping ``break``) and
+    did not crash, the job is done at its last committed step: report it like the end of
+    ``job.steps`` (every rank must stop at the same step; the coordinator checks)."""
+    if not job.managed:
+        if job._left_early and not job._finished and not job._crashed:
+            job._finished = True
+            write_verify_digests(job)     # only under `hotspare verify`; no collective at exit
+        return
+    if not (job._left_early and not job._finished and not job._crashed and job.members is not None
+            and job.members.rank is not None):
+        return
+    if job.top.rewind:
+        # The `break` ran after a step that failed and was never committed: the replacement
+        # re-runs that step and goes on, this rank cannot. Stop clearly, not differently.
+        err = ConfigError(f"the script left the training loop right after step {job.committed + 1} failed "
+                          "(it was being recovered): the early-stopping `break` ran for an attempt that was never "
+                          "committed. Decide to stop at the top of the loop body (before `with step:`, from the "
+                          "last committed step's metrics), where a re-run step cannot reach it first")
+        print(f"hotspare: rank {job.rank}: {err}", file=sys.stderr, flush=True)
+        job.protocol.report_crash(job.committed + 1, err)
+        return
+    job._resume_point()
+    job._finish_all()
+
+
+__all__ = ["Step", "NextStep", "IterationTop", "finish_early_stop"]

@@ -54,7 +54,7 @@ from hotspare.runtime.rankstate import GradState, RankState, RowTable
 from hotspare.runtime.state import StateRegistry
 from hotspare.runtime.statesync import StateSync
 from hotspare.runtime.steps import Outcome, StepProtocol
-from hotspare.runtime.iteration import IterationTop, NextStep, Step
+from hotspare.runtime.iteration import IterationTop, NextStep, Step, finish_early_stop
 
 # Outside hotspare run, rank 0's job.log prints at most every PLAIN_LOG_EVERY_S seconds (and at
 # the last step); HOTSPARE_LOG_EVERY_S overrides it (0: every step, as bench/overhead.py needs).
@@ -202,6 +202,8 @@ class Job:
             else:  # plain `python script.py`: a world of one
                 dist.init_process_group(self.backend or "gloo", store=dist.HashStore(), rank=0, world_size=1)
         self._plain = (dist.get_rank(), dist.get_world_size())
+        atexit.register(self._at_exit)
+        self._previous_hook, sys.excepthook = sys.excepthook, self._excepthook
         self.protocol.plain_rank = self._plain[0]
 
     def _where(self) -> tuple[int, int, int] | None:
@@ -364,7 +366,11 @@ class Job:
                 raise ConfigError(f"ranks disagree on job.steps(total): this rank has {total}, "
                                   f"others between {-int(totals[1])} and {int(totals[0])}")
         for step in range(self.committed + 1, total):
-            yield Step(self, step)
+            try:
+                yield Step(self, step)
+            except GeneratorExit:   # `break`: an early stop
+                self._left_early = True
+                raise
         self._finish_all()
 
     def _next_step(self, total: int | None = None) -> int:
@@ -423,24 +429,8 @@ class Job:
                                       digest=self.digest, rank_digest=self.rank_digest)
 
     def _at_exit(self) -> None:
-        """The script ends. If it left the training loop early (an early-stopping ``break``) and
-        did not crash, the job is done at its last committed step: report it like the end of
-        ``job.steps`` (every rank must stop at the same step; the coordinator checks)."""
-        if not (self._left_early and not self._finished and not self._crashed and self.members is not None
-                and self.members.rank is not None):
-            return
-        if self.top.rewind:
-            # The `break` ran after a step that failed and was never committed: the replacement
-            # re-runs that step and goes on, this rank cannot. Stop clearly, not differently.
-            err = ConfigError(f"the script left the training loop right after step {self.committed + 1} failed "
-                              "(it was being recovered): the early-stopping `break` ran for an attempt that was never "
-                              "committed. Decide to stop at the top of the loop body (before `with step:`, from the "
-                              "last committed step's metrics), where a re-run step cannot reach it first")
-            print(f"hotspare: rank {self.rank}: {err}", file=sys.stderr, flush=True)
-            self.protocol.report_crash(self.committed + 1, err)
-            return
-        self._resume_point()
-        self._finish_all()
+        """The script ends: finish an early stop (runtime/iteration.py ``finish_early_stop``)."""
+        finish_early_stop(self)
 
     def _excepthook(self, et, ev, tb) -> None:
         self._crashed = True

@@ -30,7 +30,10 @@ def test_a_generated_script_equals_torchrun_and_a_seeded_kill_equals_the_fault_f
     script = write(comp, tmp_path)
     verdicts, problems = check(str(script), comp.args, WORLD, str(tmp_path / "runs"), faults=kill_of(comp, WORLD),
                                timeout=600)
-    differ = [v for v in verdicts if not v.equal]
+    # A lost rank's per-rank state that its script changed after the gradient exchange (an EMA
+    # updated after the block copies the BatchNorm statistics) is not claimed: the run's report
+    # carries a CAVEAT for it. Anything else that differs fails.
+    differ = [v for v in verdicts if not v.equal and not v.caveated]
     assert verdicts and not differ and not problems, (
         f"{comp.name}: issue-#28 cases it touches: {open_cases(comp)}\n{render(verdicts, problems)}\n"
         f"script:\n{script.read_text()}")
