@@ -18,6 +18,9 @@ from hotspare.protocol.workerenv import WorkerEnv
 # (variable, who writes it, who reads it, what it means): the variables that are not the worker
 # contract, each with its one reader.
 OTHER_VARIABLES = [
+    ("HOTSPARE_VERIFY_OUT", "`hotspare verify` (for the runs it starts)", "the worker (`runtime/objdigest.py`)",
+     "a folder: at the job's end every rank writes its per-object digests there (rank<R>.json), under "
+     "`hotspare run` and plain torchrun alike"),
     ("HOTSPARE_WORKER_TOKEN", "node agent (per worker)", "the worker (`protocol/auth.py`, `worker_connect`)",
      "the token a worker proves on the agent's port: derived from the job secret and its id; a secret, "
      "never logged"),
