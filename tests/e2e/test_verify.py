@@ -66,12 +66,12 @@ def test_a_scheduler_stepped_after_the_block_differs_on_every_rank_and_the_model
                                    "a consequence of StepLR `sched`"]
 
 
-def test_rank_0s_generator_lost_with_rank_0_says_random_numbers_were_drawn_outside_a_step():
+def test_rank_0s_generator_lost_with_rank_0_says_random_numbers_were_drawn_after_the_exchange():
     kill = Run("kill:rank=0:step=5", 0, ranks(state(torch_rng="t2"), state()), KILLED, fault=("kill", 0, 5))
     v, _ = verdicts_of([state(), state()], [kill])
     (f,) = v["rng/torch"].findings
     assert f.startswith("rank 0's torch's generator differs after a failover at step 5")
-    assert "outside a step" in f and "own torch.Generator" in f
+    assert "after its gradient exchange" in f and "top of the loop body" in f and "own torch.Generator" in f
 
 
 def test_an_unseeded_python_generator_is_not_compared_and_a_seeded_one_is():
