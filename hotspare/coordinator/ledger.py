@@ -292,11 +292,11 @@ class Ledger:
                 continue
             out.append({"rank": f.rank, "step": f.step, "parts": rec["parts"], "detail": (
                 f"rank {f.rank}'s script changed {', '.join(rec['parts'])} after the gradient exchange "
-                f"(first at step {rec['first_step']}, last reported at step {rec['last_step']}): if rank {f.rank} "
-                "died between such "
-                "a change and its next exchange, its replacement started without it and the run may differ "
-                "from one without the failure. Move that work to the top of the loop body (before `with "
-                "step:`) or inside `with torch.random.fork_rng():`")})
+                f"(first at step {rec['first_step']}, last reported at step {rec['last_step']}): every rank's state at "
+                "the top of each loop iteration is gathered as the next step begins, so this is exact unless rank "
+                f"{f.rank} died between such a change and the top of its next iteration (e.g. inside the work "
+                "itself); then its replacement started without it. To be sure, move that work to the top of the "
+                "loop body (before `with step:`) or inside `with torch.random.fork_rng():`")})
         return out
 
     def max_committed(self) -> int:

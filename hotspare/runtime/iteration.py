@@ -101,6 +101,14 @@ class IterationTop:
         if own is not None and own.numel() == now.numel() and not torch.equal(own, now):
             job.protocol.changed_between.update(job.rankstate.changed_parts(own, now))
         self.state = (job.committed + 1, now)
+        m = job.members
+        # Once this generation committed a step, every rank gathers here (none before: a
+        # generation's ranks arrive at their first top from different places).
+        if m is not None and not m.broken and job.protocol.committed_gen == m.generation:
+            try:
+                job.rows.begin_top(m.group, m.world_size, job.committed + 1, now)
+            except Exception as e:      # noqa: BLE001 - the generation broke: the step fails there
+                job.collectives.note(e)
 
 
 def finish_early_stop(job: "Job") -> None:

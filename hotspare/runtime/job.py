@@ -456,6 +456,7 @@ class Job:
                                "step": self.committed + 1, "detail": health.detail}
         self.members.leave("failed", "the coordinator stopped the job during recovery (see the launcher's output)",
                            committed=self.committed, error=reason or "", **extra)
+        self.rows.drop_top()      # a gather of the old generation's: never waited for in the new one
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_now(self, directory: str) -> None:

@@ -293,6 +293,10 @@ class RowTable:
         self._inflight: tuple[int, Any, torch.Tensor, torch.Tensor] | None = None  # (step, work, rows, own)
         self._own: tuple[int, torch.Tensor] | None = None    # (step, this rank's row) of its last exchange
         self.own_at_commit: torch.Tensor | None = None       # this rank's state as its last step committed
+        # Every rank's state at the top of a loop iteration (what it did after its last exchange
+        # included), gathered there and waited for at the iteration's exchange: (step, work, rows)
+        self._top: tuple[int, Any, torch.Tensor] | None = None
+        self._top_done: tuple[int, torch.Tensor] | None = None   # (step, rows) of a finished one
 
     def begin(self, group: Any, world: int, step: int) -> None:
         if self._inflight is not None:
@@ -301,7 +305,39 @@ class RowTable:
         wire, rows = _on_wire(group, own, world)
         self._inflight = (step, group.all_gather(rows, wire), rows, own)
 
+    def begin_top(self, group: Any, world: int, step: int, own: torch.Tensor) -> None:
+        """At the top of the iteration of ``step``, on every rank alike: gather every rank's state
+        there, so that a rank lost in this step is restored with what it did after its last
+        exchange (an EMA updated after the block, a rank-0 evaluation)."""
+        wire, rows = _on_wire(group, own, world)
+        self._top = (step, group.all_gather(rows, wire), rows)
+
+    def finish_top(self) -> None:
+        top, self._top = self._top, None
+        if top is not None:
+            step, work, rows = top
+            work.wait()
+            self._top_done = (step, rows.cpu())
+
+    def drop_top(self) -> None:
+        self._top = self._top_done = None
+
+    def start_rows(self, step: int) -> torch.Tensor | None:
+        """Every rank's state to start step ``step + 1`` from: the top of that iteration when its
+        gather completed, else the rows of step ``step``'s exchange."""
+        top = self._top
+        if top is not None and top[0] == step + 1 and top[1].is_completed():
+            try:
+                self.finish_top()
+            except Exception:       # noqa: BLE001 - failed with the generation: not there
+                self._top = None
+        done = self._top_done
+        if done is not None and done[0] == step + 1:
+            return done[1]
+        return self.rows_for(step)
+
     def finish(self) -> None:
+        self.finish_top()
         inflight, self._inflight = self._inflight, None
         if inflight is None:
             return
@@ -314,6 +350,7 @@ class RowTable:
         """At the end of step ``step`` on every rank: gather if the step had no exchange; the
         names of this rank's per-rank parts that changed after its last exchange."""
         self._inflight = None
+        self.finish_top()
         now = self.state.capture()
         if self._own is None or self._own[0] != step:
             wire, rows = _on_wire(group, now, world)

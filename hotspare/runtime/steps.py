@@ -61,6 +61,7 @@ class StepProtocol:
         self._reported_gen = -1                # the generation whose first commit was reported
         self._warned_after_exchange = False
         self._said_changed: tuple[list[str], int] | None = None   # (parts, step) last reported changed
+        self.committed_gen = -1                # the generation of this rank's last commit
         self._side: list = []                  # DDP's own collectives of this backward (reduce_side)
         self.changed_between: set[str] = set()  # per-rank parts changed between steps (Job._resume_point)
         # Outside hotspare run, rank 0 prints its metrics at most every print_every seconds.
@@ -79,6 +80,12 @@ class StepProtocol:
         self._t0 = time.perf_counter()
         if self.managed:
             m = self.members
+            # Every rank's state at this iteration's top is on every peer before the step begins:
+            # a rank lost in it is restored with what it did after its last exchange.
+            try:
+                self.rows.finish_top()
+            except Exception as e:      # noqa: BLE001 - the generation broke: the step fails at its exchange
+                self.collectives.note(e)
             self.hooks.step_begins(m.generation, m.rank, step, self.total)
             # The state a re-run of this step starts from (grads: which are None, which zero).
             self._entry_buf = self.rankstate.capture(self._entry_buf)
@@ -127,6 +134,7 @@ class StepProtocol:
         dt = now - self._t0
         self.step_times.append(dt)
         if self.managed:
+            self.committed_gen = self.members.generation
             exch = self._exchange_t if self._exchange_t is not None else now
             v = self.vote
             # said when the set of parts changes, and at most every REPEAT_CHANGED steps otherwise
@@ -316,8 +324,8 @@ class StepProtocol:
             self._warned_after_exchange = True
             print(f"hotspare: rank {m.rank}: step {step} changed {', '.join(changed)} after its gradient exchange "
                   "(e.g. rank-0-only work that draws random numbers: iterating a DataLoader does). Its peers get "
-                  "that state with the next step's exchange; if this rank is lost before, its replacement starts "
-                  "without it and the report says so. To keep a failover exact, do such work at the top of the "
-                  "loop body (before `with step:`), where a replacement runs it again, or inside "
+                  "that state at the top of the next loop iteration; if this rank is lost before, inside that work, "
+                  "its replacement starts without it and the report says so. To be sure, do such work at the top "
+                  "of the loop body (before `with step:`), where a replacement runs it again, or inside "
                   "`with torch.random.fork_rng():`", file=sys.stderr, flush=True)
         return None, changed
