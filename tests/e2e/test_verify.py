@@ -193,6 +193,10 @@ def test_verify_finds_an_untracked_ema_and_says_what_to_change():
 @pytest.mark.parametrize("name", list(ORDINARY_SCRIPTS))
 def test_verify_passes_the_example_scripts(name):
     args, _ = ORDINARY_SCRIPTS[name]
-    code, out = verify("--", str(REPO / "examples" / f"{name}.py"), *args, timeout=1800)   # 4 faults, a hang too
+    # 2 faults (a kill of rank 0 mid-run, rank 1 at step 0) and no torchrun run: the examples'
+    # torchrun equality and their hangs are tested in tests/e2e/test_ordinary_scripts.py; CI's
+    # time is the limit here (all 4 faults: `hotspare verify -- examples/NAME.py ...`)
+    code, out = verify("--kills", "2", "--no-torchrun", "--", str(REPO / "examples" / f"{name}.py"), *args,
+                       timeout=1800)
     assert code == 0, out
-    assert "hang:rank=" in out and "every object equal on every rank in every run" in out
+    assert "every object equal on every rank in every run" in out
