@@ -297,7 +297,7 @@ class Coordinator:
     def _worker_exited(self, e: ev.WorkerExited) -> None:
         desc = describe_exit(e.code)
         if e.worker in self.ledger.fences:   # (it may die of something else writing its stacks first)
-            desc = "was fenced (SIGKILL" + ("" if e.code == -signal.SIGKILL else f"; it {desc[4:]} first") + ")"
+            desc = "was fenced (SIGKILL" + ("" if e.code == -signal.SIGKILL else f"; it {desc} first") + ")"
         self._worker_gone(e.worker, e.code, desc, e.t)
 
     def _worker_gone(self, worker: str, code: int, desc: str, t: float, node_lost: bool = False) -> None:
