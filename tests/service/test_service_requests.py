@@ -14,14 +14,6 @@ from hotspare.testing.local import EXAMPLE
 
 
 @pytest.fixture
-def secret_file(tmp_path):
-    path = tmp_path / "secret"
-    path.write_text(os.urandom(32).hex())
-    path.chmod(0o600)
-    return str(path)
-
-
-@pytest.fixture
 def service(tmp_path, secret_file):
     lines = []
     svc = Service("127.0.0.1", 0, auth.load_secret(secret_file), secret_file, str(tmp_path / "state"),
