@@ -29,9 +29,10 @@ DEFAULT_VOTE_EVERY = 10   # steps between health votes; see runtime/vote.py for 
 
 class HealthVote:
     def __init__(self, members: Membership, collectives: Collectives, pause_gen: Callable[[], int],
-                 params: Callable[[], list[torch.Tensor]], every: int = DEFAULT_VOTE_EVERY):
+                 on_pause: Callable[[int], None], params: Callable[[], list[torch.Tensor]],
+                 every: int = DEFAULT_VOTE_EVERY):
         self.members, self.collectives = members, collectives
-        self._pause_gen, self._param_source = pause_gen, params
+        self._pause_gen, self._on_pause, self._param_source = pause_gen, on_pause, params
         self.every = every               # 0: vote without a fingerprint
         self._params: list[torch.Tensor] | None = None   # integer views of the parameters
         self._params_join = -1           # ... made in this join (a sync may replace tensors)
@@ -39,7 +40,6 @@ class HealthVote:
         self._voting: tuple[int, bool] = (-1, False)     # (step, with fingerprint) of the vote in flight
         self.failed: VoteResult | None = None            # this step's failed vote
         self.tracking: str | None = None                 # a state transfer found state left untracked
-        self.pause_at: int | None = None                 # a live migration pauses after this step
         self.begin_step()
 
     def begin_step(self) -> None:
@@ -129,7 +129,7 @@ class HealthVote:
             self.failed = result
             raise HealthFault(result)
         if result.pause:
-            self.pause_at = step
+            self._on_pause(step)         # a live migration leaves once this step is committed
 
     # ------------------------------------------------------------------ gradients
     def scan_bucket(self, flat: torch.Tensor, world_size: int) -> None:

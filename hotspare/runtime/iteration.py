@@ -6,7 +6,7 @@ after its step block is undone (runtime/undo.py) before the step runs again (doc
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -15,16 +15,17 @@ from hotspare.runtime.contract import UntrackedWatch
 from hotspare.runtime.objdigest import write_verify_digests
 from hotspare.runtime.undo import Undo
 
-if TYPE_CHECKING:
-    from hotspare.runtime.job import Job
+# The loop's side of ``Job`` (runtime/job.py), which imports this module: typed loosely here so
+# the import goes one way.
+Job = Any
 
 
 class Step(int):
     """A step number that is also the context manager guarding that step."""
 
-    _job: "Job"
+    _job: Job
 
-    def __new__(cls, job: "Job", value: int) -> "Step":
+    def __new__(cls, job: Job, value: int) -> "Step":
         obj = super().__new__(cls, value)
         obj._job = job
         return obj
@@ -43,7 +44,7 @@ class NextStep:
     rest of the iteration did is undone, the failure is recovered, the batch is the failed
     step's batch again, and the next ``job.step()`` re-runs the step."""
 
-    def __init__(self, job: "Job"):
+    def __init__(self, job: Job):
         self._job = job
         self._step: int | None = None
 
@@ -62,7 +63,7 @@ class IterationTop:
     """What the job keeps at the top of each loop iteration, between steps (the ``job.steps`` and
     ``job.epochs`` generators, a ``job.loader`` about to take the next step's batch)."""
 
-    def __init__(self, job: "Job") -> None:
+    def __init__(self, job: Job) -> None:
         self.job = job
         self.undo: Undo | None = None          # what a failed attempt's iteration must not keep
         self.rewind = False                    # per-rank state goes back to ``state`` too
@@ -111,7 +112,7 @@ class IterationTop:
                 job.collectives.note(e)
 
 
-def finish_early_stop(job: "Job") -> None:
+def finish_early_stop(job: Job) -> None:
     """The script ends. If it left the training loop early (an early-stopping ``break``) and
     did not crash, the job is done at its last committed step: report it like the end of
     ``job.steps`` (every rank must stop at the same step; the coordinator checks)."""

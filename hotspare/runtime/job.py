@@ -18,10 +18,14 @@ resumes at the step after it. Nothing is reloaded from disk. An exception that i
 failure (runtime/failures.py) is the script's own: it is reported with its traceback and the
 process dies, like any crash.
 
-The parts, each with one job: ``AgentLink`` (runtime/link.py: the control channel),
-``Membership`` (runtime/membership.py: generations, joining, the one way between them, state
-sync through runtime/statesync.py), ``StepProtocol`` (runtime/steps.py: a step's life and the
-gradient-exchange seam runtime/ddp.py calls), ``HealthVote`` (runtime/healthvote.py).
+The parts, each with one job: ``RankContext`` (runtime/context.py: what the rank keeps, built
+once and passed whole), ``AgentLink`` (runtime/link.py: the control channel), the phase machine
+(runtime/phase.py: when to recover, pause, join, hand off; pure) and its ``WorkerDriver``
+(runtime/driver.py: does what it decides), ``Membership`` (runtime/membership.py: the
+generation's group, joining, state sync through runtime/statesync.py), ``StepProtocol``
+(runtime/steps.py: a step's life and the gradient-exchange seam ``GradientExchange`` that
+runtime/ddp.py calls and a sharded integration would call too), ``HealthVote``
+(runtime/healthvote.py).
 
 Outside ``hotspare run`` (plain ``torchrun`` or ``python``) the same calls fall back to plain
 torch.distributed and DDP, so scripts can adopt hotspare gradually.
@@ -39,22 +43,21 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from hotspare.errors import ConfigError, JobFailed
+from hotspare.errors import ConfigError
 from hotspare.protocol.workerenv import BACKENDS, WorkerEnv
+from hotspare.runtime.context import RankContext
 from hotspare.runtime.contract import LoaderGuard, UntrackedWatch, untracked_kinds
-from hotspare.runtime.failures import Collectives
+from hotspare.runtime.driver import WorkerDriver
 from hotspare.runtime.healthvote import HealthVote
-from hotspare.runtime.hooks import WorkerHooks
+from hotspare.runtime.iteration import IterationTop, NextStep, Step, finish_early_stop
 from hotspare.runtime.link import AgentLink
 from hotspare.runtime.loader import ResumableLoader
-from hotspare.runtime.membership import Membership, Progress
+from hotspare.runtime.membership import Membership
 from hotspare.runtime.objdigest import write_verify_digests
 from hotspare.runtime.persist import Persister
-from hotspare.runtime.rankstate import GradState, RankState, RowTable
-from hotspare.runtime.state import StateRegistry
+from hotspare.runtime.phase import Finished, PauseAgreed, ResumePoint, StepFailed, WorkerPhase
 from hotspare.runtime.statesync import StateSync
 from hotspare.runtime.steps import Outcome, StepProtocol
-from hotspare.runtime.iteration import IterationTop, NextStep, Step, finish_early_stop
 
 # Outside hotspare run, rank 0's job.log prints at most every PLAIN_LOG_EVERY_S seconds (and at
 # the last step); HOTSPARE_LOG_EVERY_S overrides it (0: every step, as bench/overhead.py needs).
@@ -77,18 +80,14 @@ class Job:
         self.managed = env is not None
         self.backend = env.backend if env is not None else backend
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        self.registry = StateRegistry()
-        self.rankstate = RankState()          # per-rank state: runtime/rankstate.py
-        self.grads = GradState()
-        self.rows = RowTable(self.rankstate)  # every rank's per-rank state of the last steps
-        self.loaders: list[ResumableLoader] = []
+        self.ctx = ctx = RankContext.new()
+        self.registry, self.rankstate, self.grads = ctx.registry, ctx.rankstate, ctx.grads
+        self.rows, self.loaders, self.progress, self.collectives = ctx.rows, ctx.loaders, ctx.progress, ctx.collectives
         self.epoch: int | None = None         # the epoch under job.epochs()
-        self.progress = Progress()
-        self.collectives = Collectives()
-        self.hooks = WorkerHooks()
         self.link: AgentLink | None = None
         self.members: Membership | None = None
         self.vote: HealthVote | None = None
+        self.driver: WorkerDriver | None = None   # the phase machine (managed only)
         self._ddps: list[torch.nn.Module] = []
         self._plain = (0, 1)                  # (rank, world size) outside hotspare run
         self._checked_tracking = False
@@ -96,8 +95,7 @@ class Job:
         self._finished = False
         self._crashed = False
         self._persist = Persister(self.registry, on_done=self._report_checkpoint, env=env)
-        self.protocol = StepProtocol(self.progress, None, None, None, self.rankstate, self.grads, self.rows,
-                                     self.loaders, self.hooks, self.collectives)
+        self.protocol = StepProtocol(ctx)
         self.top = IterationTop(self)          # the top of each loop iteration: undo, recover, note
         if log_every_s is None:
             log_every_s = float(os.environ.get(ENV_LOG_EVERY_S, self.protocol.print_every))
@@ -159,7 +157,7 @@ class Job:
         self.link = AgentLink(env.agent, env.worker, env.role, where=self._where)
         if env.faults:        # the testing plug-in; registered before the agent's first message
             from hotspare.testing.faults.worker import FaultHooks
-            self.hooks = FaultHooks(self.link, self._fault_targets, lambda: self.rank)
+            self.ctx.hooks = FaultHooks(self.link, self._fault_targets, lambda: self.rank)
         self.link.connect()   # says hello
         atexit.register(self._at_exit)
         LoaderGuard(lambda: self.protocol.current if self.protocol.current is not None else self.committed + 1,
@@ -168,13 +166,15 @@ class Job:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
         sync = StateSync(self.registry, self.rankstate, self.grads, self.rows)
-        self.members = Membership(self.link, store, sync, self.progress, self.rows, self.rankstate, self.hooks,
-                                  backend=env.backend, join_timeout_s=env.join_timeout_s,
-                                  restore=self._persist.restore, on_checkpoint=self._checkpoint_now)
-        self.vote = HealthVote(self.members, self.collectives, pause_gen=lambda: self.link.pause_gen,
+        self.members = Membership(self.ctx, self.link, store, sync, backend=env.backend,
+                                  join_timeout_s=env.join_timeout_s, restore=self._persist.restore)
+        self.driver = driver = WorkerDriver(self.link, self.members, role=self.role, rollback=self._rollback,
+                                            checkpoint=self._checkpoint_now)
+        self.link.on_note(driver.notify)
+        self.vote = HealthVote(self.members, self.collectives, pause_gen=lambda: driver.state.pause_gen,
+                               on_pause=lambda step: driver.handle(PauseAgreed(step)),
                                params=self._ddp_params, every=env.fingerprint_every)
-        self.protocol = StepProtocol(self.progress, self.members, self.link, self.vote, self.rankstate,
-                                     self.grads, self.rows, self.loaders, self.hooks, self.collectives)
+        self.protocol.attach(self.members, self.link, self.vote)
         if self.role == "active":
             self.members.rank = int(os.environ["RANK"])
             self.members.world_size = int(os.environ["WORLD_SIZE"])
@@ -185,15 +185,8 @@ class Job:
         # A spare waits here until it takes a rank: the script's code after init() runs only
         # with the rank, world size and process group it trains with, as under torchrun.
         self.link.send("ready", worker=self.worker, committed=self.committed)
-        msg = self.link.await_order(self._checkpoint_now)
-        if msg is None:
-            if self.role == "spare":      # released unused: the job is done without us
-                atexit._run_exitfuncs()   # what the script registered before init() still runs
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(0)
-            raise JobFailed("the coordinator released this worker before the job started")
-        self.members.enter(msg)
+        # joins its generation, or (a spare released unused) exits, or raises JobFailed
+        driver.await_order()
 
     def _start_plain(self) -> None:
         if not dist.is_initialized():
@@ -255,7 +248,8 @@ class Job:
         """Wrap a ``DataLoader`` (with a ``DistributedSampler``, workers, collate, transforms) so
         that a failover resumes it exactly: a re-run step gets its batches again, a replacement
         continues its predecessor's stream. See runtime/loader.py."""
-        wrapped = ResumableLoader(self, loader, name or f"loader{len(self.loaders)}")
+        wrapped = ResumableLoader(loader, name or f"loader{len(self.loaders)}", synced=self.ensure_synced,
+                                  epoch=lambda: self.epoch, resume_point=self._resume_point)
         self.loaders.append(wrapped)
         self.rankstate.add_part(wrapped)
         return wrapped
@@ -336,7 +330,7 @@ class Job:
             if not self.collectives.is_peer_failure(e, self.members.broken):
                 self.protocol.report_crash(self.committed + 1, e)
                 raise
-            self.protocol.failure = f"during state sync: {e}"[:300]
+            self.driver.handle(StepFailed(self.committed + 1, f"during state sync: {e}"[:300]))
         self._recover_all()
 
     # ------------------------------------------------------------------ checks
@@ -375,18 +369,12 @@ class Job:
 
     def _next_step(self, total: int | None = None) -> int:
         """The step to run next (or ``total``: the job is done), once any recovery or
-        live-migration pause is over."""
+        live-migration pause is over (the phase machine's ``ResumePoint``)."""
         while True:
             step = self.committed + 1
-            if self.protocol.failure is not None:
-                self._recover()
-            elif total is not None and step >= total:
-                return step
-            elif self.vote.pause_at is not None and self.committed >= self.vote.pause_at:
-                self.vote.pause_at = None
-                self.members.leave("paused", "the coordinator stopped the job during a live migration",
-                                   committed=self.committed)
-            else:
+            generation = self.driver.state.taken_gen
+            self.driver.handle(ResumePoint(self.committed, may_pause=total is None or step < total))
+            if self.driver.state.taken_gen == generation:   # nothing to recover, no pause
                 return step
 
     def _begin_context_step(self) -> int:
@@ -404,11 +392,13 @@ class Job:
 
     def _exit_step(self, step: int, ev: BaseException | None) -> bool:
         """True when the failure is swallowed: recovered at the next step."""
-        outcome = self.protocol.exit(step, ev)
+        outcome, failure = self.protocol.exit(step, ev)
         if outcome is Outcome.COMMITTED and self.managed and self.rank == 0:
             self._persist.after_commit(step)      # a finished write reports itself
-        if outcome is Outcome.RECOVER and self.progress.applied < step:
-            self.top.failed(self.registry.objects())   # the rest of the loop body still runs
+        if outcome is Outcome.RECOVER:
+            self.driver.handle(failure)           # recovered at the next resume point
+            if self.progress.applied < step:
+                self.top.failed(self.registry.objects())   # the rest of the loop body still runs
         return outcome is Outcome.RECOVER
 
     def _finish_all(self) -> None:
@@ -425,8 +415,8 @@ class Job:
 
     def _finish(self) -> bool:
         """Report completion; True when released, False if a recovery needs us first."""
-        return not self.members.leave("done", None, teardown=False, step=self.committed,
-                                      digest=self.digest, rank_digest=self.rank_digest)
+        self.driver.handle(Finished({"step": self.committed, "digest": self.digest, "rank_digest": self.rank_digest}))
+        return self.driver.phase is WorkerPhase.RELEASED
 
     def _at_exit(self) -> None:
         """The script ends: finish an early stop (runtime/iteration.py ``finish_early_stop``)."""
@@ -438,25 +428,17 @@ class Job:
 
     # ------------------------------------------------------------------ recovery
     def _recover_all(self) -> None:
-        while self.protocol.failure is not None:
-            self._recover()
+        """Recover a failed step now (the phase machine's ``ResumePoint``, no pause here)."""
+        while self.driver is not None and self.driver.recovering:
+            self.driver.handle(ResumePoint(self.committed, may_pause=False))
 
-    def _recover(self) -> None:
+    def _rollback(self, step: int) -> None:
+        """The phase machine's ``Rollback``: what failed ``step`` touched is put back."""
         from hotspare.runtime.ddp import reset_after_failure
-        reason, self.protocol.failure = self.protocol.failure, None
-        health, self.vote.failed, self.vote.pause_at = self.vote.failed, None, None
-        self.protocol.rollback()
+        self.protocol.rollback(step)
         self.rows.own_at_commit = None    # no baseline for "changed after the exchange" until the next commit
-        self.members.teardown()
         for ddp in self._ddps:
             reset_after_failure(ddp)
-        extra = {}
-        if health is not None:
-            extra["health"] = {"kind": health.kind, "suspects": list(health.suspects),
-                               "step": self.committed + 1, "detail": health.detail}
-        self.members.leave("failed", "the coordinator stopped the job during recovery (see the launcher's output)",
-                           committed=self.committed, error=reason or "", **extra)
-        self.rows.drop_top()      # a gather of the old generation's: never waited for in the new one
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_now(self, directory: str) -> None:

@@ -3,11 +3,12 @@
 What the agent sends falls in three groups:
 
 * **orders** the training thread waits for (``generation``, ``handoff``, ``release``,
-  ``checkpoint_now``): queued, and taken by ``await_order``;
-* **notes** the reader thread acts on at once, whatever the training thread is doing:
-  ``abort`` (tear the generation's group down now, which frees a rank blocked in a collective),
-  ``pause`` (a live migration: leave after the next agreed step), ``probe`` (the job stalls:
-  say which step this rank is reducing);
+  ``checkpoint_now``): queued, and taken by ``next_order`` (the phase machine's ``AwaitOrder``);
+* **notes** that cannot wait for the training thread: ``abort`` and ``pause`` become the phase
+  machine's ``Aborted`` / ``PauseAsked`` events, handed to ``on_note`` (runtime/driver.py
+  ``WorkerDriver.notify``: an abort tears the generation's group down at once, which frees a rank
+  blocked in a collective); ``probe`` (the job stalls) is answered with which step this rank is
+  reducing;
 * **plug-in messages**, handled by whoever registered for them with ``on`` (only the
   fault-injection plug-in, ``hotspare.testing.faults.worker``, does).
 
@@ -24,6 +25,7 @@ from hotspare.errors import ProtocolError
 from hotspare.protocol.auth import worker_connect
 from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import make
+from hotspare.runtime.phase import Aborted, Event, PauseAsked
 
 ORDERS = frozenset({"generation", "handoff", "release", "checkpoint_now"})
 
@@ -36,10 +38,8 @@ class AgentLink:
                  where: Callable[[], tuple[int, int, int] | None]):
         self.address, self.worker, self.role = address, worker, role
         self._where = where
-        self.aborted_upto = 0        # newest generation the coordinator aborted
-        self.taken_gen = 0           # newest generation (or hand-off) order taken
-        self.pause_gen = -1          # a live migration asked this generation to pause
-        self._on_abort: Callable[[int], None] = lambda gen: None
+        self._notes: list[Event] = []             # notes before on_note is set (kept, in order)
+        self._on_note: Callable[[Event], None] = self._notes.append
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._orders: "queue.Queue[dict[str, Any]]" = queue.Queue()
         self._channel: Channel | None = None
@@ -50,9 +50,12 @@ class AgentLink:
             raise ValueError(f"{type_!r} is the link's own message")
         self._handlers[type_] = handler
 
-    def on_abort(self, fn: Callable[[int], None]) -> None:
-        """Call ``fn(newest aborted generation)`` from the reader thread on every abort."""
-        self._on_abort = fn
+    def on_note(self, fn: Callable[[Event], None]) -> None:
+        """Call ``fn(event)`` from the reader thread for every abort and pause (first with the
+        ones that came before)."""
+        self._on_note = fn
+        for event in self._notes:
+            fn(event)
 
     def connect(self) -> None:
         """Say hello (proven with the worker's token) and start reading."""
@@ -76,20 +79,9 @@ class AgentLink:
         except OSError:
             pass
 
-    def await_order(self, on_checkpoint: Callable[[str], None]) -> dict[str, Any] | None:
-        """Block for the next ``generation`` or ``handoff`` order; None means released. A
-        ``checkpoint_now`` on the way (the job is stopping) is carried out first."""
-        while True:
-            msg = self._orders.get()
-            if msg["type"] == "release":
-                return None
-            if msg["type"] == "checkpoint_now":
-                on_checkpoint(msg["directory"])
-                continue
-            if msg["gen"] <= self.taken_gen:      # a repeat (a restarted coordinator's), or stale
-                continue
-            self.taken_gen = msg["gen"]
-            return msg
+    def next_order(self) -> dict[str, Any]:
+        """Block for the next order (``generation``, ``handoff``, ``release``, ``checkpoint_now``)."""
+        return self._orders.get()
 
     # ------------------------------------------------------------------ reader thread
     def _read(self) -> None:
@@ -109,11 +101,9 @@ class AgentLink:
         if kind in ORDERS:
             self._orders.put(msg)
         elif kind == "abort":
-            # Remembered: the abort may overtake the generation's group being built.
-            self.aborted_upto = max(self.aborted_upto, msg["gen"])
-            self._on_abort(self.aborted_upto)
+            self._on_note(Aborted(int(msg["gen"])))
         elif kind == "pause":
-            self.pause_gen = msg["gen"]
+            self._on_note(PauseAsked(int(msg["gen"])))
         elif kind == "probe":
             where = self._where()
             if where is not None and where[0] == msg["gen"]:

@@ -31,22 +31,23 @@ Two ways to iterate, both resumable:
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from hotspare.errors import ConfigError
 
-if TYPE_CHECKING:
-    from hotspare.runtime.job import Job
-
 _RNG_BYTES = torch.get_rng_state().numel()
 
 
 class ResumableLoader:
-    """Iterate like the wrapped DataLoader; resumes exactly after a failover."""
+    """Iterate like the wrapped DataLoader; resumes exactly after a failover. The job's side:
+    ``synced()`` before the first batch (a replacement takes its position first), ``epoch()``
+    (the epoch of ``job.epochs``, or None), ``resume_point(capture)`` as the loop takes the next
+    step's batch (the top of a loop iteration: runtime/iteration.py)."""
 
-    def __init__(self, job: "Job", loader: Any, name: str):
+    def __init__(self, loader: Any, name: str, *, synced: Callable[[], None],
+                 epoch: Callable[[], int | None], resume_point: Callable[[bool], None]):
         if getattr(loader, "persistent_workers", False):
             raise ConfigError("job.loader(): persistent_workers=True keeps loader workers (and their random "
                               "state) across epochs, which a replacement cannot reproduce; drop it")
@@ -60,7 +61,7 @@ class ResumableLoader:
         self.loader = loader
         self.name = name
         self.nbytes = 16 + _RNG_BYTES
-        self._job = job
+        self._synced, self._job_epoch, self._resume_point = synced, epoch, resume_point
         self._epoch = 0
         self._consumed = 0          # batches of this epoch handed to the script (after rollbacks)
         self._pulled = 0            # batches of this epoch taken from the live iterator
@@ -95,9 +96,9 @@ class ResumableLoader:
 
     def __iter__(self) -> Iterator:
         """One epoch (the job's current epoch under ``job.epochs``)."""
-        self._job.ensure_synced()
-        if self._job.epoch is not None:
-            epoch = self._job.epoch
+        self._synced()
+        if self._job_epoch() is not None:
+            epoch = self._job_epoch()
         elif self._restored:
             raise ConfigError(f"loader {self.name!r} resumed in epoch {self._epoch} on a replacement, but the "
                               "script's epoch loop is its own: write it `for epoch in job.epochs(n)` so a "
@@ -108,7 +109,7 @@ class ResumableLoader:
 
     def __next__(self) -> Any:
         """The next batch of an endless stream of epochs (sets the sampler's epoch itself)."""
-        self._job.ensure_synced()
+        self._synced()
         while True:
             if self._stream is None:
                 epoch = self.next_epoch()
@@ -172,7 +173,7 @@ class ResumableLoader:
             # Between steps (a no-op inside one): undo a failed attempt's iteration and recover
             # before choosing the batch; at an epoch's first batch the iteration's top was noted
             # before the epoch's iterator was made (job.epochs).
-            self._job._resume_point(capture=self._consumed > 0)
+            self._resume_point(self._consumed > 0)
             if self._it is not it:          # the position was moved to another epoch (a restore)
                 return
             i = self._consumed

@@ -1,15 +1,11 @@
-"""Which generation a worker is in, as which rank, and the one way between generations.
+"""Which generation a worker is in, as which rank: its group, joining a generation, the state
+sync that brings receivers to the source's committed step, and live migration's hand-off.
 
-A worker leaves a generation for one of four reasons, and each is the same sequence
-(``leave``): tear the group down, tell the coordinator why (``failed``, ``paused``, ``done``, or
-``failed`` again when a peer fails while joining), wait for its next order, enter the
-generation it names. Entering (``enter``) either joins a generation (build its group, then the
-state sync that brings receivers to the source's committed step), or, for a rank that live
-migration replaces, hands its own state to the spare and exits.
+When to join, leave or hand off is decided by the worker's phase machine (runtime/phase.py,
+carried out by runtime/driver.py); this module does the joining and the handing off.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -17,42 +13,35 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from hotspare.errors import JobFailed, PeerFailure, StateMismatch
+from hotspare.errors import PeerFailure, StateMismatch
 from hotspare.pg import GenerationGroup
-from hotspare.runtime.failures import Collectives
-from hotspare.runtime.hooks import WorkerHooks
-from hotspare.runtime.link import AgentLink
-from hotspare.runtime.rankstate import RankState, RowTable
+from hotspare.runtime.context import RankContext
 from hotspare.runtime.statesync import StateSync
 
 HANDOFF_JOIN_TIMEOUT_S = 30.0
 
 
-@dataclasses.dataclass
-class Progress:
-    committed: int = -1      # last committed step on this rank
-    applied: int = -1        # last step whose optimizer update is in the state
-
-
 class Membership:
-    def __init__(self, link: AgentLink, store: dist.Store, sync: StateSync, progress: Progress,
-                 rows: RowTable, rankstate: RankState, hooks: WorkerHooks, *, backend: str,
-                 join_timeout_s: float, restore: Callable[[str], int], on_checkpoint: Callable[[str], None]):
-        self.link, self.store, self.sync, self.progress = link, store, sync, progress
-        self.rows, self.rankstate, self.hooks = rows, rankstate, hooks
+    def __init__(self, ctx: RankContext, link: Any, store: dist.Store, sync: StateSync, *, backend: str,
+                 join_timeout_s: float, restore: Callable[[str], int]):
+        self.ctx, self.link, self.store, self.sync = ctx, link, store, sync
+        self.progress, self.rows, self.rankstate, self.hooks = ctx.progress, ctx.rows, ctx.rankstate, ctx.hooks
         self.backend, self.join_timeout_s = backend, join_timeout_s
-        self._restore, self._on_checkpoint = restore, on_checkpoint
+        self._restore = restore
         self.generation, self.rank, self.world_size = 0, None, 1
         self.group: GenerationGroup | None = None
+        self.aborted_upto = 0        # newest generation the coordinator aborted (phase.Aborted)
         self.pending_sync: dict[str, Any] | None = None   # deferred until the script tracked its state
         self.verify_at = -1          # the step whose vote checks a state transfer
         self.joins = 0               # generations joined so far (caches of the group's tensors expire)
-        link.on_abort(self._aborted)
 
     # ------------------------------------------------------------------ the group
-    def _aborted(self, upto: int) -> None:
+    def abort_upto(self, upto: int) -> None:
+        """Abort this rank's group if its generation is ``upto`` or older (any thread); a group
+        built later for such a generation is aborted as it is built."""
+        self.aborted_upto = max(self.aborted_upto, upto)
         group = self.group
-        if group is not None and group.gen <= upto:
+        if group is not None and group.gen <= self.aborted_upto:
             group.abort()
 
     @property
@@ -79,49 +68,15 @@ class Membership:
         self.teardown()
         self.group = GenerationGroup(self.store, gen, rank, world, prefix, backend=self.backend,
                                      join_timeout_s=join_timeout)
-        if self.group.gen <= self.link.aborted_upto:
+        if self.group.gen <= self.aborted_upto:
             self.group.abort()
         self.group.connect()         # published first, so an abort can interrupt the rendezvous
         return self.group
 
-    # ------------------------------------------------------------------ between generations
-    def leave(self, type_: str, stopped: str | None, teardown: bool = True, **fields: Any) -> bool:
-        """Leave this generation saying ``type_``; enter the next. False when released instead
-        (raises JobFailed with ``stopped`` when a release is not the expected end). A finished
-        rank keeps its group (``teardown=False``) until it is released or joins another: a peer
-        may still be receiving its share of the last step's collectives."""
-        if teardown:
-            self.teardown()
-        msg = self._report(type_, **fields)
-        if msg is None:
-            if stopped is not None:
-                raise JobFailed(stopped)
-            return False
-        self.enter(msg)
-        return True
-
-    def _report(self, type_: str, **fields: Any) -> dict[str, Any] | None:
-        self.link.send(type_, gen=self.generation, rank=self.rank, **fields)
-        return self.link.await_order(self._on_checkpoint)
-
-    def enter(self, msg: dict[str, Any]) -> None:
-        """Join the generation of ``msg``; if a peer fails meanwhile, report it and join the next."""
-        errors = Collectives()
-        while True:
-            if msg["type"] == "handoff":
-                self._handoff(msg)           # never returns: this worker's part is over
-            try:
-                self._join(msg)
-                return
-            except Exception as e:
-                if isinstance(e, StateMismatch) or not errors.is_peer_failure(e, self.broken):
-                    raise
-                self.teardown()
-                msg = self._report("failed", committed=self.progress.committed, error=f"during join: {e}"[:300])
-                if msg is None:
-                    raise JobFailed("the coordinator stopped the job during recovery") from None
-
-    def _join(self, msg: dict[str, Any]) -> None:
+    # ------------------------------------------------------------------ joining
+    def join(self, msg: dict[str, Any]) -> None:
+        """Join the generation of ``msg``: build its group, then sync state (raises on a peer's
+        failure; the phase machine reports it and awaits the next order)."""
         self.teardown()
         self.generation, self.rank, self.world_size = msg["gen"], msg["rank"], msg["world"]
         self.joins += 1
@@ -185,7 +140,7 @@ class Membership:
             self.sync_state(self.pending_sync)
 
     # ------------------------------------------------------------------ live migration
-    def _handoff(self, msg: dict[str, Any]) -> None:
+    def handoff(self, msg: dict[str, Any]) -> None:
         """The migrating rank sends its own state to the spare taking its place, then exits."""
         code = 0
         try:

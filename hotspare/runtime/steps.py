@@ -19,13 +19,11 @@ import torch
 import torch.distributed as dist
 
 from hotspare.errors import PeerFailure, StateTrackingError
-from hotspare.runtime.failures import Collectives
+from hotspare.runtime.context import RankContext
 from hotspare.runtime.healthvote import HealthVote
-from hotspare.runtime.hooks import WorkerHooks
 from hotspare.runtime.link import AgentLink
-from hotspare.runtime.loader import ResumableLoader
-from hotspare.runtime.membership import Membership, Progress
-from hotspare.runtime.rankstate import GradState, RankState, RowTable
+from hotspare.runtime.membership import Membership
+from hotspare.runtime.phase import StepFailed
 from hotspare.runtime.vote import HealthFault
 
 COMMITS_HELD, COMMITS_HELD_S = 8, 5.0   # a rank > 0 batches its commit reports (see _report_commit)
@@ -40,19 +38,18 @@ class Outcome(enum.Enum):
 
 
 class StepProtocol:
-    def __init__(self, progress: Progress, members: Membership | None, link: AgentLink | None,
-                 vote: HealthVote | None, rankstate: RankState, grads: GradState, rows: RowTable,
-                 loaders: list[ResumableLoader], hooks: WorkerHooks, collectives: Collectives):
-        self.progress, self.members, self.link, self.vote = progress, members, link, vote
-        self.rankstate, self.grads, self.rows, self.loaders = rankstate, grads, rows, loaders
-        self.hooks, self.collectives = hooks, collectives
-        self.managed = link is not None
+    def __init__(self, ctx: RankContext):
+        self.ctx = ctx
+        self.progress, self.rankstate, self.grads, self.rows = ctx.progress, ctx.rankstate, ctx.grads, ctx.rows
+        self.loaders, self.collectives = ctx.loaders, ctx.collectives
+        self.members: Membership | None = None
+        self.link: AgentLink | None = None
+        self.vote: HealthVote | None = None
+        self.managed = False
         self.current: int | None = None
         self.total: int | None = None          # job.steps(total); None under job.epochs / job.step
         self.metrics: dict[str, Any] = {}
         self.step_times: list[float] = []      # seconds per committed step on this rank
-        self.failure: str | None = None        # why the step being recovered failed
-        self.failed_step: int | None = None
         self.reducing_step: int | None = None  # the last step whose gradient exchange began here
         self._t0 = 0.0
         self._exchange_t: float | None = None
@@ -68,6 +65,14 @@ class StepProtocol:
         self.plain_rank: int | None = None
         self.print_every = PLAIN_LOG_EVERY_S
         self._last_print = 0.0
+
+    def attach(self, members: Membership, link: AgentLink, vote: HealthVote) -> None:
+        """Under ``hotspare run``: the generation, the control channel and the health vote."""
+        self.members, self.link, self.vote, self.managed = members, link, vote, True
+
+    @property
+    def hooks(self):
+        return self.ctx.hooks
 
     # ------------------------------------------------------------------ a step's life
     def enter(self, step: int) -> None:
@@ -93,7 +98,8 @@ class StepProtocol:
             self.rows.drop_inflight()
             self.vote.start(step)
 
-    def exit(self, step: int, ev: BaseException | None) -> Outcome:
+    def exit(self, step: int, ev: BaseException | None) -> tuple[Outcome, StepFailed | None]:
+        """The step's outcome; for ``RECOVER``, the failure for the phase machine."""
         self.current = None
         if ev is None and self.managed:
             ev = self.vote.settle()     # a step without a gradient exchange: judge its vote here
@@ -102,27 +108,27 @@ class StepProtocol:
             ev, changed = self._close_rows(step)
         if ev is None:
             self._commit(step, changed)
-            return Outcome.COMMITTED
+            return Outcome.COMMITTED, None
         if not self.managed or not isinstance(ev, Exception):
-            return Outcome.RAISE
+            return Outcome.RAISE, None
         if self.vote.tracking is not None:
             self.report_crash(step, StateTrackingError(self.vote.tracking))
             raise StateTrackingError(self.vote.tracking) from ev
-        if self.vote.failed is not None:
+        failed = self.vote.failed
+        if failed is not None:
             # The vote failed on every rank alike, before any optimizer stepped: nobody is
             # blocked, the step is simply not committed; the suspect is replaced.
-            self.failure, self.failed_step = f"health vote: {self.vote.failed.detail}", step
-            return Outcome.RECOVER
+            self.vote.failed = None
+            health = {"kind": failed.kind, "suspects": list(failed.suspects), "step": step, "detail": failed.detail}
+            return Outcome.RECOVER, StepFailed(step, f"health vote: {failed.detail}", health, abort=False)
         if self.collectives.is_peer_failure(ev, self.members.broken):
             # The optimizer may have stepped before a later collective of the block failed.
             self.progress.committed = max(self.progress.committed, self.progress.applied)
-            self.failure = f"{type(ev).__name__}: {str(ev).splitlines()[0][:300] if str(ev) else ''}"
-            self.failed_step = step
-            if self.members.group is not None:
-                self.members.group.abort()     # free the peers blocked on us now, not at teardown
-            return Outcome.RECOVER
+            # the group is aborted at once (phase.StepFailed): the peers blocked on us are freed now
+            return Outcome.RECOVER, StepFailed(step, f"{type(ev).__name__}: "
+                                               f"{str(ev).splitlines()[0][:300] if str(ev) else ''}")
         self.report_crash(step, ev)
-        return Outcome.RAISE
+        return Outcome.RAISE, None
 
     def _commit(self, step: int, changed: list[str] = ()) -> None:
         p = self.progress
@@ -178,11 +184,10 @@ class StepProtocol:
             v = float(v)
             self.metrics[k] = v if math.isfinite(v) else str(v)   # JSON has no NaN
 
-    def rollback(self) -> None:
-        """A step failed on this rank: put back what it touched (the step contract)."""
+    def rollback(self, failed: int) -> None:
+        """Step ``failed`` failed on this rank: put back what it touched (the step contract)."""
         entry, self._entry = self._entry, None
-        failed, self.failed_step = self.failed_step, None
-        if entry is None or failed is None or entry[0] != failed:
+        if entry is None or entry[0] != failed:
             return
         step, blob, mask = entry
         if self.progress.applied >= step:

@@ -68,20 +68,15 @@ class Squares(Dataset):
         return torch.tensor([i * i]) + torch.rand(1)      # an augmentation: the worker's generator
 
 
-class _Job:
-    epoch = None
-
-    def ensure_synced(self):
-        pass
-
-    def _resume_point(self, capture=True):
-        pass
+def _standalone(data, name):
+    """A loader outside any job: nothing to sync, no epoch loop, no resume point."""
+    return ResumableLoader(data, name, synced=lambda: None, epoch=lambda: None, resume_point=lambda capture: None)
 
 
 def loader(workers=0):
     ds = Squares()
     sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
-    return ResumableLoader(_Job(), DataLoader(ds, batch_size=4, sampler=sampler, num_workers=workers), "l")
+    return _standalone(DataLoader(ds, batch_size=4, sampler=sampler, num_workers=workers), "l")
 
 
 # Loader workers are covered end to end (examples/cnn_loader.py runs 2 per rank in every
@@ -120,4 +115,4 @@ def test_a_rolled_back_step_gets_the_same_batches_and_leaves_the_generator_as_ta
 
 def test_loaders_a_replacement_cannot_reproduce_are_refused():
     with pytest.raises(ConfigError, match="persistent_workers"):
-        ResumableLoader(_Job(), DataLoader(Squares(), num_workers=1, persistent_workers=True), "l")
+        _standalone(DataLoader(Squares(), num_workers=1, persistent_workers=True), "l")
