@@ -62,7 +62,7 @@ class WorkerProc:
 class NodeAgent:
     def __init__(self, cmd: list[str], base_env: dict[str, str], coordinator: str, secret: bytes,
                  node: str | None = None, host: str = "127.0.0.1", devices: list[str] | None = None,
-                 spawn: str = "fork", faults=None, uplink: Channel | None = None):
+                 spawn: str = "fork", faults=None, uplink: Channel | None = None, zygote: Zygote | None = None):
         """Start serving workers on ``host`` and connect to the coordinator at ``coordinator``
         (host:port), proving ``secret`` (the job's). ``devices``: the node's device slots
         ("host/cpu0"...); the coordinator places each worker on one. ``spawn``: "fork" forks
@@ -70,7 +70,9 @@ class NodeAgent:
         allows, "exec" starts each as a fresh interpreter. ``faults``: the fault-injection
         plug-in (``hotspare.testing.faults.AgentFaults``), for tests and drills; None in production.
         ``uplink``: a link to the coordinator already authenticated (a remote agent's,
-        ``hotspare.agent.remote``) instead of connecting here."""
+        ``hotspare.agent.remote``) instead of connecting here. ``zygote``: a running zygote to fork
+        from, kept open when the agent closes (the in-process test harness shares one across
+        jobs: ``hotspare.testing.inproc``)."""
         if spawn not in SPAWN_METHODS:
             raise ConfigError(f"spawn method {spawn!r} unknown; use one of {', '.join(SPAWN_METHODS)}")
         self.cmd = cmd
@@ -89,7 +91,8 @@ class NodeAgent:
             for line in apply_nccl_environment(self.base_env, self.job_env.join_timeout_s):
                 print(f"hotspare agent: {line}", file=sys.stderr, flush=True)
             apply_nccl_environment(zygote_env, self.job_env.join_timeout_s)
-        self.zygote: Zygote | None = None
+        self.zygote: Zygote | None = zygote
+        self._own_zygote = zygote is None
         self.node = node or socket.gethostname()
         self.devices = list(devices or [])
         self.channel_lock = threading.Lock()     # binding a worker's channel (and what a plug-in tells it then)
@@ -117,7 +120,7 @@ class NodeAgent:
         self.uplink = uplink or auth.connect(coordinator, auth.NODE, auth.node_key(secret), node=self.node,
                                              pid=os.getpid(), devices=self.devices,
                                              device_faults=faults is not None and faults.device_faults)
-        if spawn == "fork" and forkable(cmd):    # it imports in the background until the first spawn
+        if zygote is None and spawn == "fork" and forkable(cmd):   # it imports in the background until the first spawn
             try:
                 self.zygote = Zygote(zygote_env, preload=preload_for(cmd[1]))
             except ZygoteError as e:
@@ -208,7 +211,8 @@ class NodeAgent:
             except ZygoteError as e:         # the job goes on with fresh interpreters
                 print(f"hotspare agent: {e}; starting workers as fresh interpreters from now on",
                       file=sys.stderr, flush=True)
-                self.zygote.close()
+                if self._own_zygote:
+                    self.zygote.close()
                 self.zygote = None
         # A Python script runs as a forked one would (agent/runscript.py): atexit, then os._exit.
         cmd = ([self.cmd[0], "-m", "hotspare.agent.runscript", *self.cmd[1:]] if forkable(self.cmd)
@@ -280,7 +284,7 @@ class NodeAgent:
         self.checks.close()         # before the link goes: a cut-short check still says so
         self._listener.close()
         self.uplink.close()
-        if self.zygote is not None:
+        if self.zygote is not None and self._own_zygote:
             self.zygote.close()
 
     # ------------------------------------------------------------------ control channels

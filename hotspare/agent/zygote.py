@@ -113,11 +113,12 @@ class ForkedProc:
 class Zygote:
     """The agent's side: start the zygote once, then ``spawn(argv, env)`` per worker."""
 
-    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = TORCH_PRELOAD):
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = TORCH_PRELOAD, output: int | None = None):
         """Start the zygote process (it imports ``preload`` in the background; the first ``spawn``
         waits for that). ``env``: the workers' common environment, which torch may read at import
-        (``OMP_NUM_THREADS``...); each worker gets its own on top. Raises ``ZygoteError`` where
-        workers could not be re-parented to this process."""
+        (``OMP_NUM_THREADS``...); each worker gets its own on top. ``output``: a file descriptor
+        for the zygote's and its workers' stdout and stderr (default: this process's). Raises
+        ``ZygoteError`` where workers could not be re-parented to this process."""
         if not _prctl(PR_SET_CHILD_SUBREAPER, 1):
             raise ZygoteError("this process cannot adopt forked workers (PR_SET_CHILD_SUBREAPER failed)")
         ours, theirs = socket.socketpair()
@@ -127,7 +128,8 @@ class Zygote:
         # environment, so that ps, pgrep and /proc show each worker as `python SCRIPT ARGS`.
         self._proc = subprocess.Popen([sys.executable, "-c", serve, "#" * PAD],
                                       env={**env, PAD_VAR: "#" * PAD}, pass_fds=[theirs.fileno()],
-                                      start_new_session=True, stdin=subprocess.DEVNULL)
+                                      start_new_session=True, stdin=subprocess.DEVNULL,
+                                      stdout=output, stderr=output)
         theirs.close()
         self._sock = ours
         self._reader = ours.makefile("r", encoding="utf-8")

@@ -67,7 +67,9 @@ def _fail(e: ConfigError) -> int:
     return 2
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, zygote=None) -> int:
+    """``hotspare run``. ``zygote``: a running ``agent.zygote.Zygote`` the agents fork workers
+    from (the in-process test harness's, shared by its jobs), instead of starting their own."""
     try:
         cfg = from_namespace(RunConfig, args)
         from hotspare.observe.wiring import check_observe_arguments
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     # This host's node agents talk to the coordinator over TCP, as remote agents would.
     endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
     agents = _agents(cfg, env, endpoint.address, secret, health.devices if health else None,
-                     _device_fault(source, log) if source is not None else None, injecting(cfg))
+                     _device_fault(source, log) if source is not None else None, injecting(cfg), zygote)
     remote = _remote_endpoint(cfg, env, events, secret, coord, log)
     log(f"job: {launch.nproc} rank(s) + {cfg.capacity.spares} warm spare(s): "
         f"{' '.join([cfg.script, *cfg.script_args])}")
@@ -223,7 +225,7 @@ class _StopSignals:
 
 
 def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes, devices: list[str] | None,
-            device_fault, injecting: bool) -> list:
+            device_fault, injecting: bool, zygote=None) -> list:
     """The node agents of this host: one, or ``--local-nodes`` K, each with a contiguous share
     of the device slots; with the fault plug-in when ``injecting`` (``device_fault``: how it
     drives the simulated telemetry)."""
@@ -247,7 +249,8 @@ def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes
             faults = AgentFaults(device_fault)
         agents.append(NodeAgent(cmd, node_env, coordinator=coordinator, secret=secret,
                                 node=host if k == 1 else f"{host}-{i}",
-                                devices=share, spawn=cfg.launch.spawn, faults=faults))
+                                devices=share, spawn=cfg.launch.spawn, faults=faults,
+                                zygote=zygote if cfg.launch.spawn == "fork" else None))
     return agents
 
 

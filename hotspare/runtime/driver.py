@@ -112,7 +112,11 @@ class WorkerDriver:
         try:
             m.join(msg)
         except Exception as e:
-            if isinstance(e, StateMismatch) or not Collectives().is_peer_failure(e, m.broken):
+            # Everything a join does is hotspare's own communication (the group's rendezvous, the
+            # state transfer): gloo reports a peer that died or stalled in it as a plain
+            # RuntimeError raised from a wait() in hotspare's code, so that counts too.
+            transport = type(e) is RuntimeError
+            if isinstance(e, StateMismatch) or not (transport or Collectives().is_peer_failure(e, m.broken)):
                 raise
-            return ph.JoinFailed(str(e), m.progress.committed)
+            return ph.JoinFailed(str(e).splitlines()[0] if str(e) else type(e).__name__, m.progress.committed)
         return ph.Joined(m.generation, m.rank, m.world_size)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hotspare.checkpoint import CheckpointError, save
-from hotspare.testing import run_job
+from hotspare.testing.inproc import run_inproc
 from hotspare.testing.local import EXAMPLE, REPO
 
 # dcp.save(no_dist=True) warns that it assumes one process: that is the design.
@@ -26,7 +26,7 @@ SCRIPTS = REPO / "tests" / "scripts"
 
 @pytest.fixture(scope="module")
 def reference():
-    r = run_job(ARGS)
+    r = run_inproc(ARGS)
     assert r.code == 0, r.output
     return r.digest
 
@@ -43,7 +43,7 @@ class _Payload:
 
 def _two_checkpoints(tmp_path):
     """Checkpoints of steps 10 and 20 of the tiny example (30 steps, every 10)."""
-    first = run_job(["--model", "tiny", "--steps", "30"], extra=["--checkpoint-dir", str(tmp_path),
+    first = run_inproc(["--model", "tiny", "--steps", "30"], extra=["--checkpoint-dir", str(tmp_path),
                                                                  "--checkpoint-every", "10"])
     assert first.code == 0, first.output
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000010", "step-000000020"]
@@ -55,7 +55,7 @@ def test_a_planted_pickle_in_metadata_never_runs_and_resume_takes_the_older_chec
     newest, older = _two_checkpoints(ckpts)
     marker = tmp_path / "payload-ran"
     (newest / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-    r = run_job(ARGS, extra=["--resume", str(ckpts)])
+    r = run_inproc(ARGS, extra=["--resume", str(ckpts)])
     assert not marker.exists(), "the planted pickle ran"
     assert r.code == 0, r.output
     assert r.digest == reference                              # 10 -> 40 recomputed, bit for bit
@@ -77,7 +77,7 @@ def test_resume_with_a_bad_sidecar_is_an_error_for_that_checkpoint_not_a_silent_
     side = json.loads((newest / "hotspare.json").read_text())
     side["step"] = 25                                         # edited: no longer what its writer signed
     (newest / "hotspare.json").write_text(json.dumps(side))
-    r = run_job(ARGS, extra=["--resume", str(tmp_path)])
+    r = run_inproc(ARGS, extra=["--resume", str(tmp_path)])
     assert r.code == 0 and r.digest == reference, r.output
     assert "not signed with this job's checkpoint key" in r.output
     assert r.report["checkpoint_fallbacks"][0]["refused"] == str(newest)
@@ -93,10 +93,10 @@ def test_every_rank_lost_with_the_newest_checkpoint_damaged_falls_back_to_the_ol
     # Rank 0 damages step 20's tensor file at step 25; every rank dies at step 27.
     env = {"CORRUPT_AT": "25", "CORRUPT_STEP": "20"}
     script, args = SCRIPTS / "corrupt_newest.py", ["40"]
-    clean = run_job(args, nproc=nproc, spares=spares, script=script, env={**env, "CORRUPT": "0"})
+    clean = run_inproc(args, nproc=nproc, spares=spares, script=script, env={**env, "CORRUPT": "0"})
     assert clean.code == 0, clean.output
     try:     # --hang-floor 10: rank 0 may wait in step 25 for a slow write of step 20 (a loaded machine)
-        r = run_job(args, nproc=nproc, spares=spares, script=script, env=env,
+        r = run_inproc(args, nproc=nproc, spares=spares, script=script, env=env,
                     inject=[f"kill:rank={k}:step=27" for k in range(nproc)],
                     extra=["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "10", "--hang-floor", "10"])
     except subprocess.TimeoutExpired as e:       # a restart loop: show where it went round

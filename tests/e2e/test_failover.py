@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hotspare.testing import run_job
+from hotspare.testing.inproc import run_inproc
 from hotspare.testing.local import EXAMPLE, REPO
 
 ARGS = ["--model", "tiny", "--steps", "40"]
@@ -18,7 +18,7 @@ ARGS = ["--model", "tiny", "--steps", "40"]
 
 @pytest.fixture(scope="module")
 def reference():
-    result = run_job(ARGS, nproc=4, spares=1)
+    result = run_inproc(ARGS, nproc=4, spares=1)
     assert result.code == 0, result.output
     assert result.report["failures_total"] == 0 and result.report["replicas_consistent"]
     return result.digest
@@ -45,7 +45,7 @@ def assert_recovered(result, reference, failures):
 
 
 def test_kill_mid_run_is_replaced_by_spare_bitwise_equal(reference):
-    r = assert_recovered(run_job(ARGS, inject=["kill:rank=2:step=17"]), reference, 1)
+    r = assert_recovered(run_inproc(ARGS, inject=["kill:rank=2:step=17"]), reference, 1)
     f = r["failures"][0]
     assert (f["kind"], f["rank"], f["step"], f["source_rank"]) == ("SIGKILL", 2, 17, 0)
     assert f["replacement"] == "w4" and f["bytes_transferred"] > 0
@@ -53,20 +53,20 @@ def test_kill_mid_run_is_replaced_by_spare_bitwise_equal(reference):
 
 
 def test_kill_during_first_and_during_last_step(reference):
-    assert_recovered(run_job(ARGS, inject=["kill:rank=0:step=0"]), reference, 1)
-    assert_recovered(run_job(ARGS, inject=["kill:rank=3:step=39"]), reference, 1)
+    assert_recovered(run_inproc(ARGS, inject=["kill:rank=0:step=0"]), reference, 1)
+    assert_recovered(run_inproc(ARGS, inject=["kill:rank=3:step=39"]), reference, 1)
 
 
 def test_two_ranks_killed_in_the_same_step_with_one_spare_start_a_cold_replacement(reference):
-    assert_recovered(run_job(ARGS, inject=["kill:rank=0:step=9", "kill:rank=3:step=9"]), reference, 2)
+    assert_recovered(run_inproc(ARGS, inject=["kill:rank=0:step=9", "kill:rank=3:step=9"]), reference, 2)
 
 
 def test_second_failure_finds_the_reprovisioned_warm_spare():
     # The spare started after the first failure (forked from the zygote: ready within a second)
     # is warm for the second, 100 steps (3 s or more) later.
     args = ["--model", "tiny", "--steps", "140"]
-    ref = run_job(args, spares=1)
-    r = run_job(args, spares=1, inject=["kill:rank=1:step=20", "kill:rank=1:step=120"])
+    ref = run_inproc(args, spares=1)
+    r = run_inproc(args, spares=1, inject=["kill:rank=1:step=20", "kill:rank=1:step=120"])
     assert r.code == 0, r.output
     assert r.digest == ref.digest and r.report["steps_repeated"] == 0
     assert len(r.report["failures"]) == 2, explain(r)
@@ -81,7 +81,7 @@ def test_failover_across_node_agents(reference):
     coordinator over TCP: a rank on one node is taken over by the spare on the other, and the
     re-provisioned spare goes where a slot is free. The workers start as fresh interpreters
     (--spawn exec), the other way to start them, so it stays tested end to end."""
-    result = run_job(ARGS, inject=["kill:rank=1:step=12"], extra=["--local-nodes", "2", "--spawn", "exec"])
+    result = run_inproc(ARGS, inject=["kill:rank=1:step=12"], extra=["--local-nodes", "2", "--spawn", "exec"])
     r = assert_recovered(result, reference, 1)
     nodes = r["nodes"]
     assert len(nodes) == 2 and all(len(n["devices"]) >= 2 for n in nodes.values())
@@ -93,7 +93,7 @@ def test_failover_across_node_agents(reference):
 
 
 def test_script_bug_is_not_failed_over_forever():
-    r = run_job(["30"], script=REPO / "tests" / "scripts" / "buggy.py", env={"BUG_RANK": "1", "BUG_STEP": "12"})
+    r = run_inproc(["30"], script=REPO / "tests" / "scripts" / "buggy.py", env={"BUG_RANK": "1", "BUG_STEP": "12"})
     assert r.code == 1, r.output
     assert "looks like a bug in the training script" in r.output
     assert "KeyError: 'missing_key'" in r.output and 'buggy.py", line' in r.output

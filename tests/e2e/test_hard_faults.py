@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hotspare.testing import run_job
+from hotspare.testing.inproc import run_inproc
 from hotspare.testing.local import EXAMPLE
 
 ARGS = ["--model", "tiny", "--steps", "40"]
@@ -15,7 +15,7 @@ FAST = ["--hang-floor", "1"]
 
 @pytest.fixture(scope="module")
 def reference():
-    r = run_job(ARGS)
+    r = run_inproc(ARGS)
     assert r.code == 0, r.output
     return r.digest
 
@@ -32,7 +32,7 @@ def assert_memory_recovery(r, reference, failures=None):
 
 
 def test_hang_is_detected_by_heartbeat_fenced_and_replaced(reference):
-    rep = assert_memory_recovery(run_job(ARGS, inject=["hang:rank=1:step=11"], extra=FAST), reference, 1)
+    rep = assert_memory_recovery(run_inproc(ARGS, inject=["hang:rank=1:step=11"], extra=FAST), reference, 1)
     f = rep["failures"][0]
     assert f["kind"] == "hang" and f["rank"] == 1
     assert 0.5 < f["detection_latency_s"] < 10       # threshold 1 s: far below any collective timeout
@@ -45,9 +45,9 @@ def test_a_rank_stuck_computing_is_found_by_probing_and_fenced():
     # step alone is past it). The stall makes the coordinator probe every rank; rank 2 answers
     # that it never entered the exchange the others wait in, so it alone is fenced.
     args = ["--model", "1m", "--steps", "16"]
-    clean = run_job(args, extra=FAST)
+    clean = run_inproc(args, extra=FAST)
     assert clean.code == 0, clean.output
-    r = run_job(args, inject=["slow:rank=2:factor=100:step=8"], extra=FAST)
+    r = run_inproc(args, inject=["slow:rank=2:factor=100:step=8"], extra=FAST)
     rep = assert_memory_recovery(r, clean.digest, 1)
     f = rep["failures"][0]
     assert f["kind"] == "hang" and f["rank"] == 2, f
@@ -55,31 +55,31 @@ def test_a_rank_stuck_computing_is_found_by_probing_and_fenced():
 
 
 def test_abrupt_exit_with_a_status(reference):
-    rep = assert_memory_recovery(run_job(ARGS, inject=["exit:rank=2:step=13:code=7"]), reference, 1)
+    rep = assert_memory_recovery(run_inproc(ARGS, inject=["exit:rank=2:step=13:code=7"]), reference, 1)
     assert rep["failures"][0]["kind"] == "exit 7"
 
 
 def test_replacement_killed_while_receiving_the_state(reference):
-    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=3:phase=transfer"])
+    r = run_inproc(ARGS, inject=["kill:rank=3:step=9", "kill:rank=3:phase=transfer"])
     rep = assert_memory_recovery(r, reference)
     assert rep["failures"][1]["step"] is None          # it died before running any step
 
 
 def test_source_killed_while_sending_picks_another_source(reference):
-    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=0:phase=transfer"])
+    r = run_inproc(ARGS, inject=["kill:rank=3:step=9", "kill:rank=0:phase=transfer"])
     rep = assert_memory_recovery(r, reference)
     assert rep["failures"][1]["rank"] == 0 and rep["failures"][1]["source_rank"] != 0
 
 
 def test_survivor_killed_while_the_next_generation_forms(reference):
-    r = run_job(ARGS, inject=["kill:rank=3:step=9", "kill:rank=1:phase=join:after=9"])
+    r = run_inproc(ARGS, inject=["kill:rank=3:step=9", "kill:rank=1:phase=join:after=9"])
     rep = assert_memory_recovery(r, reference)
     assert rep["failures_total"] >= 2
 
 
 def test_every_rank_lost_falls_back_to_the_checkpoint_and_says_so(reference, tmp_path):
     kills = [f"kill:rank={r}:step=25" for r in range(4)]
-    r = run_job(ARGS, inject=kills, extra=["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "10"])
+    r = run_inproc(ARGS, inject=kills, extra=["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "10"])
     assert r.code == 0, r.output
     rep = r.report
     assert rep["final_state_digest"] == reference       # recomputed deterministically from the checkpoint
@@ -98,16 +98,16 @@ def test_every_rank_lost_falls_back_to_the_checkpoint_and_says_so(reference, tmp
 
 
 def test_resume_from_a_checkpoint_continues_bitwise(reference, tmp_path):
-    first = run_job(["--model", "tiny", "--steps", "30"], extra=["--checkpoint-dir", str(tmp_path),
+    first = run_inproc(["--model", "tiny", "--steps", "30"], extra=["--checkpoint-dir", str(tmp_path),
                                                                  "--checkpoint-every", "10"])
     assert first.code == 0, first.output
-    resumed = run_job(ARGS, extra=["--resume", str(tmp_path)])
+    resumed = run_inproc(ARGS, extra=["--resume", str(tmp_path)])
     assert resumed.code == 0, resumed.output
     assert resumed.digest == reference and "resuming from" in resumed.output
 
 
 def test_corrupt_checkpoint_is_refused_before_anything_starts(tmp_path):
-    r = run_job(["--model", "tiny", "--steps", "60"], extra=["--checkpoint-dir", str(tmp_path),
+    r = run_inproc(["--model", "tiny", "--steps", "60"], extra=["--checkpoint-dir", str(tmp_path),
                                                              "--checkpoint-every", "10"])
     assert r.code == 0, r.output
     # Every checkpoint damaged: --resume falls back past a damaged newest one
@@ -129,12 +129,12 @@ def test_corrupt_checkpoint_is_refused_before_anything_starts(tmp_path):
 
 @pytest.mark.slow   # run by .ci/run after the default suite
 def test_no_capacity_left_stops_cleanly_with_a_usable_checkpoint(tmp_path):
-    r = run_job(ARGS, nproc=3, spares=0, inject=["kill:rank=1:step=12"],
+    r = run_inproc(ARGS, nproc=3, spares=0, inject=["kill:rank=1:step=12"],
                 extra=["--max-replacements", "0", "--capacity-wait", "1", "--checkpoint-dir", str(tmp_path)])
     assert r.code == 1, r.output
     assert "no capacity left" in r.output and f"--resume {tmp_path}" in r.output
     assert r.report["outcome"] == "stopped"
-    resumed = run_job(ARGS, nproc=3, spares=0, extra=["--resume", str(tmp_path)])
+    resumed = run_inproc(ARGS, nproc=3, spares=0, extra=["--resume", str(tmp_path)])
     assert resumed.code == 0 and "resuming from" in resumed.output
 
 
@@ -157,7 +157,7 @@ def test_a_slow_rank_that_keeps_committing_is_never_fenced():
     from hotspare.testing.local import REPO
     # every step takes 0.8 s, longer than the 0.5 s floor: the threshold follows the measured
     # step time (10 x median), so the slow rank is not taken for a hung one.
-    r = run_job(["12"], script=REPO / "tests" / "scripts" / "slow.py", extra=["--hang-floor", "0.5"],
+    r = run_inproc(["12"], script=REPO / "tests" / "scripts" / "slow.py", extra=["--hang-floor", "0.5"],
                 env={"SLOW_RANK": "2", "SLOW_S": "0.8"})
     assert r.code == 0, r.output
     assert r.report["failures_total"] == 0 and "FENCE" not in r.output

@@ -14,7 +14,7 @@ import pytest
 
 from hotspare.health.lifecycle import State
 from hotspare.health.registry import Registry
-from hotspare.testing import run_job
+from hotspare.testing.inproc import run_inproc
 from hotspare.testing.local import REPO
 
 ARGS = ["--model", "tiny", "--steps", "60"]
@@ -23,7 +23,7 @@ FAST = ["--telemetry", "simulated", "--telemetry-period", "0.2"]
 
 @pytest.fixture(scope="module")
 def reference():
-    result = run_job(ARGS, extra=FAST)
+    result = run_inproc(ARGS, extra=FAST)
     assert result.code == 0, result.output
     r = result.report
     assert r["failures_total"] == 0 and r["migrations_total"] == 0 and not r["health_events"], result.output
@@ -32,7 +32,7 @@ def reference():
 
 def run(tmp_path, inject, extra=()):
     db = tmp_path / "health.json"
-    result = run_job(ARGS, inject=inject, extra=[*FAST, "--health-db", str(db), *extra])
+    result = run_inproc(ARGS, inject=inject, extra=[*FAST, "--health-db", str(db), *extra])
     assert result.code == 0, result.output
     return result, Registry(db)
 
@@ -124,7 +124,7 @@ def test_straggler_is_migrated_off_its_device(tmp_path, reference):
 @pytest.mark.slow   # the same failover/report paths as the ECC test and a policy unit test
 def test_without_a_spare_a_hot_device_is_reported_not_moved(tmp_path, reference):
     db = tmp_path / "health.json"
-    result = run_job(ARGS, spares=0, inject=["thermal:rank=1:temp=92:step=5"],
+    result = run_inproc(ARGS, spares=0, inject=["thermal:rank=1:temp=92:step=5"],
                      extra=[*FAST, "--health-db", str(db)])
     assert result.code == 0, result.output
     assert result.digest == reference
@@ -133,7 +133,7 @@ def test_without_a_spare_a_hot_device_is_reported_not_moved(tmp_path, reference)
 
 
 def test_nan_that_follows_the_rank_to_a_new_device_is_a_bug(tmp_path):
-    result = run_job(["30"], script=REPO / "tests" / "scripts" / "nan_data.py", extra=FAST,
+    result = run_inproc(["30"], script=REPO / "tests" / "scripts" / "nan_data.py", extra=FAST,
                      env={"NAN_RANK": "1", "NAN_STEP": "12"})
     assert result.code == 1, result.output
     assert "numerical problem in the script" in result.output
@@ -145,7 +145,7 @@ LONG = ["--model", "tiny", "--steps", "200"]
 
 @pytest.fixture(scope="module")
 def long_reference():
-    result = run_job(LONG, extra=FAST)
+    result = run_inproc(LONG, extra=FAST)
     assert result.code == 0, result.output
     return result.digest
 
@@ -209,7 +209,7 @@ def test_hotspare_inject_reaches_a_running_job_and_bad_specs_harm_nothing(tmp_pa
 
 
 def test_admission_checks_run_before_the_devices_take_work():
-    result = run_job(["--model", "tiny", "--steps", "5"], nproc=1, spares=1,
+    result = run_inproc(["--model", "tiny", "--steps", "5"], nproc=1, spares=1,
                      extra=[*FAST, "--admission", "small"])
     assert result.code == 0, result.output
     assert result.output.count("ADMISSION") == 3 and ": pass" in result.output
@@ -222,8 +222,8 @@ def test_a_vote_on_a_step_without_backward_is_judged_when_the_step_ends(tmp_path
     # step 20 begins is caught by that vote, before any update used it: the run still ends
     # bitwise equal to the fault-free one.
     script = REPO / "tests" / "scripts" / "eval_steps.py"
-    clean = run_job(["36"], script=script, extra=FAST)
-    result = run_job(["36"], script=script, inject=["corrupt:rank=1:step=19"], extra=FAST)
+    clean = run_inproc(["36"], script=script, extra=FAST)
+    result = run_inproc(["36"], script=script, inject=["corrupt:rank=1:step=19"], extra=FAST)
     assert clean.code == 0 and result.code == 0, result.output
     r = result.report
     (f,) = r["failures"]

@@ -8,7 +8,7 @@ each rank's per-rank digest (generators, buffers, data position) equal those of 
 without the fault, and of the same script under plain torchrun; no step lost, none repeated."""
 import pytest
 
-from hotspare.testing import run_job
+from hotspare.testing.inproc import run_inproc
 from hotspare.testing.local import ORDINARY_SCRIPTS, REPO, run_torchrun
 
 EXAMPLES = REPO / "examples"
@@ -19,7 +19,7 @@ _references: dict[str, dict] = {}
 def reference(name: str) -> dict:
     if name not in _references:
         args, steps = SCRIPTS[name]
-        r = run_job(args, script=EXAMPLES / f"{name}.py")
+        r = run_inproc(args, script=EXAMPLES / f"{name}.py")
         assert r.code == 0, r.output
         assert r.report["failures_total"] == 0 and r.report["replicas_consistent"], r.output
         assert r.report["steps_completed"] == steps and len(r.report["rank_digests"]) == 4
@@ -29,7 +29,7 @@ def reference(name: str) -> dict:
 
 def run_with(name: str, inject: list[str], extra: list[str] = ()) -> dict:
     args, steps = SCRIPTS[name]
-    r = run_job(args, script=EXAMPLES / f"{name}.py", inject=inject, extra=extra)
+    r = run_inproc(args, script=EXAMPLES / f"{name}.py", inject=inject, extra=extra)
     ref = reference(name)
     assert r.code == 0, r.output
     rep = r.report
@@ -104,7 +104,7 @@ def test_the_other_scripts_under_plain_torchrun(name):
 def test_accumulation_with_zero_grad_set_to_none_false_and_without_no_sync():
     for extra in (["--set-to-none", "0"], ["--accum", "1"]):
         args = SCRIPTS["mlp_accum"][0] + extra
-        ref = run_job(args, script=EXAMPLES / "mlp_accum.py")
-        r = run_job(args, script=EXAMPLES / "mlp_accum.py", inject=["kill:rank=2:step=10"])
+        ref = run_inproc(args, script=EXAMPLES / "mlp_accum.py")
+        r = run_inproc(args, script=EXAMPLES / "mlp_accum.py", inject=["kill:rank=2:step=10"])
         assert r.code == 0 and r.report["final_state_digest"] == ref.report["final_state_digest"], r.output
         assert r.report["rank_digests"] == ref.report["rank_digests"]

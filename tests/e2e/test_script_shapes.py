@@ -6,7 +6,7 @@ an early-stopping `break`. The oracle, on every rank: fault-free equal to plain 
 equal to fault-free; where hotspare cannot vouch for a rank's state, the report says so."""
 import pytest
 
-from hotspare.testing import run_job
+from hotspare.testing.inproc import run_inproc
 from hotspare.testing.local import REPO, run_torchrun
 
 SCRIPT = REPO / "tests" / "scripts" / "shapes.py"
@@ -17,7 +17,7 @@ _refs: dict[tuple, dict] = {}
 def fault_free(args: list[str]) -> dict:
     key = tuple(args)
     if key not in _refs:
-        r = run_job(args, script=SCRIPT)
+        r = run_inproc(args, script=SCRIPT)
         assert r.code == 0, r.output
         assert r.report["failures_total"] == 0 and r.report["replicas_consistent"], r.output
         _refs[key] = r.report
@@ -25,7 +25,7 @@ def fault_free(args: list[str]) -> dict:
 
 
 def with_faults(args: list[str], inject: list[str]) -> tuple[dict, str]:
-    r = run_job(args, script=SCRIPT, inject=inject)
+    r = run_inproc(args, script=SCRIPT, inject=inject)
     assert r.code == 0, r.output
     rep = r.report
     assert rep["failures_total"] >= 1 and rep["steps_repeated"] == 0, r.output
@@ -97,7 +97,7 @@ def test_rank_0_evaluation_after_the_block_then_rank_0_lost_is_reported_not_clai
     # Rank 0 draws from its generator after step 7's exchange, and dies before its next one:
     # nobody holds what it drew. The run goes on; the report must not vouch for it.
     args = ["--eval-between", "7"]
-    r = run_job(args, script=SCRIPT, inject=["kill:rank=0:step=8"])
+    r = run_inproc(args, script=SCRIPT, inject=["kill:rank=0:step=8"])
     assert r.code == 0, r.output
     caveats = r.report["caveats"]
     assert [c["rank"] for c in caveats] == [0], r.output
@@ -128,15 +128,15 @@ def test_early_stopping_break_finishes_the_job_and_survives_a_kill():
 def test_a_break_after_a_failed_attempt_of_the_stop_step_stops_clearly():
     # The script's `break` after the block runs for the failed attempt of step 11: the
     # replacement would re-run step 11, the survivors cannot. A clear stop, never a wrong end.
-    r = run_job(["--stop-at", "11"], script=SCRIPT, inject=["kill:rank=2:step=11"])
+    r = run_inproc(["--stop-at", "11"], script=SCRIPT, inject=["kill:rank=2:step=11"])
     assert r.code != 0, r.output
     assert "early-stopping `break` ran for an attempt that was never committed" in r.output, r.output
 
 
 def test_an_untracked_ema_and_a_raw_dataloader_are_clear_errors_before_any_failover():
     # Nothing fails here: the script itself breaks the contract, and says how to fix it.
-    r = run_job(["--ema-untracked"], script=SCRIPT, spares=0)
+    r = run_inproc(["--ema-untracked"], script=SCRIPT, spares=0)
     assert r.code != 0 and "AveragedModel" in r.output and "is not tracked" in r.output, r.output
     assert "pass it to job.track" in r.output
-    r = run_job(["--raw-loader"], script=SCRIPT, spares=0)
+    r = run_inproc(["--raw-loader"], script=SCRIPT, spares=0)
     assert r.code != 0 and "without job.loader" in r.output and "job.loader(DataLoader" in r.output, r.output
