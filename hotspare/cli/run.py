@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 
-from hotspare.cli.preflight import Preflight, preflight
+from hotspare.config.preflight import Preflight, preflight
 from hotspare.config import RunConfig, add_arguments, from_namespace
 from hotspare.errors import ConfigError
 from hotspare.protocol.workerenv import without_contract
@@ -52,7 +52,7 @@ exit status: 0 when training finished; 1 when the job stopped (the last line say
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from hotspare.cli.preflight import injection
+    from hotspare.config.preflight import injection
     p = sub.add_parser("run", help="launch a fault-tolerant training job (torchrun-style)",
                        description=DESCRIPTION, epilog=EPILOG.format(grammar=injection().GRAMMAR),
                        formatter_class=argparse.RawDescriptionHelpFormatter)

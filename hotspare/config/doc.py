@@ -61,7 +61,7 @@ def render() -> str:
            "(`hotspare/config/run.py`): the parser, `--help` and this page are generated from the "
            "declarations, and a config built in code is checked as one parsed from flags. What "
            "needs the host (slots, CUDA, the script, the checkpoint key) is checked by "
-           "`hotspare/cli/preflight.py` before anything starts.", "",
+           "`hotspare/config/preflight.py` before anything starts.", "",
            "## `hotspare run` flags", ""]
     current = None
     for path, cls, f, opt in options(RunConfig):

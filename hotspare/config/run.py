@@ -4,7 +4,7 @@
 so the parser, its ``--help`` and docs/CONFIG.md are generated from these declarations and a
 config built in code is checked as one parsed from flags. The checks here are pure: what
 needs the host (its slots, CUDA, the script, the checkpoint key, a rules file) is checked by
-``hotspare.cli.preflight`` before anything starts.
+``hotspare.config.preflight`` before anything starts.
 """
 from __future__ import annotations
 

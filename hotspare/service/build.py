@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import queue
 
-from hotspare.cli.preflight import Preflight
+from hotspare.config.preflight import Preflight
 from hotspare.config import RunConfig
 from hotspare.protocol.workerenv import JobEnv
 

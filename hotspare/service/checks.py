@@ -1,6 +1,6 @@
 """What the coordinator service checks of a job before it queues or starts it, on its own host.
 
-`hotspare run` checks its paths where it runs (``hotspare.cli.preflight``): the script exists,
+`hotspare run` checks its paths where it runs (``hotspare.config.preflight``): the script exists,
 the checkpoint directory is made and written. The service is not where a job runs: a client
 that could make it create directories, or learn whether a path exists on its host, would use
 it as a probe. So here paths are only checked for their form (absolute: the same on every
@@ -17,7 +17,7 @@ import dataclasses
 import os
 import stat
 
-from hotspare.cli.preflight import Preflight, injection
+from hotspare.config.preflight import Preflight, injection
 from hotspare.config import RunConfig
 from hotspare.errors import ConfigError
 

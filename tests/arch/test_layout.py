@@ -23,3 +23,12 @@ def test_no_module_over_500_lines():
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"split these modules (over {MAX_LINES} lines): {long}"
+
+
+def test_nothing_below_the_command_line_imports_it():
+    # cli/ is an edge: the service, the coordinator and the runtime never reach up into it
+    # (the test harness in testing/ runs `hotspare run` in-process, so it may)
+    up = {(m, t) for m, ts in graph().items() for t in ts
+          if t.startswith("hotspare.cli") and not m.startswith(("hotspare.cli", "hotspare.testing"))
+          and m != "hotspare.__main__"}
+    assert up == set()
