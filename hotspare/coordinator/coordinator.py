@@ -342,13 +342,8 @@ class Coordinator:
             hang.RankActivity(r, self.nodes.workers[w].last_step, self.progress.reducing.get(r),
                               self.nodes.workers[w].stopped)
             for r, w in sorted(self.view.members.items()) if r not in self.view.lost)
-        # Forming a group may legitimately take up to the join timeout (a member that died after
-        # publishing its address is retried until then), and a generation's first step follows
-        # a state transfer: be lenient until the generation has committed a step.
-        if self.view.phase is JobPhase.RECOVERING:
-            limit += 2 * self.join_timeout
-        elif len(self.progress.joined) < len(self.view.members) or not self.progress.committed:
-            limit += self.join_timeout
+        limit = hang.lenient(limit, self.join_timeout, recovering=self.view.phase is JobPhase.RECOVERING,
+                             forming=len(self.progress.joined) < len(self.view.members) or not self.progress.committed)
         since = 0.0 if self.progress.recovering_since is None else now - self.progress.recovering_since
         self._probe(now, now - self.progress.at, limit)
         self._signal(policy.Tick(activity, now - self.progress.at, since, limit), now)

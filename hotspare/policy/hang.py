@@ -43,6 +43,19 @@ def threshold(step_times: Sequence[float], floor: float = DEFAULT_FLOOR_S,
     return max(floor, factor * typical)
 
 
+def lenient(limit: float, join_timeout: float, *, recovering: bool, forming: bool) -> float:
+    """The threshold while a generation forms: building a group may legitimately take up to the
+    join timeout (a member that died after publishing its address is retried until then), and
+    a generation's first step follows a state transfer. ``recovering``: the job is between
+    generations (twice the join timeout more); ``forming``: the current generation has not
+    every member joined or has committed no step yet (one join timeout more)."""
+    if recovering:
+        return limit + 2 * join_timeout
+    if forming:
+        return limit + join_timeout
+    return limit
+
+
 def tick_period(limit: float, fastest: float = 0.25, slowest: float = 1.0) -> float:
     """How often the detector must look: a tenth of the threshold (the probe's resolution, see
     the coordinator), within [fastest, slowest]. With 0.7 s steps (threshold 7 s) that is 0.7 s:

@@ -222,3 +222,10 @@ def test_decide_is_pure_the_same_view_and_signal_give_the_same_decision_and_leav
     first, again = decide(v, verdict), decide(v, verdict)
     assert first == again and v == frozen              # decide, twice: no trace in the view
     assert isinstance(first.actions[0], Fence)
+
+
+def test_the_hang_threshold_is_lenient_while_a_generation_forms():
+    from hotspare.policy.hang import lenient
+    assert lenient(2.0, 5.0, recovering=True, forming=True) == 12.0      # between generations
+    assert lenient(2.0, 5.0, recovering=False, forming=True) == 7.0      # joined, no step committed yet
+    assert lenient(2.0, 5.0, recovering=False, forming=False) == 2.0     # running: the plain threshold
