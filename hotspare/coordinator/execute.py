@@ -123,7 +123,7 @@ class Executor:
 
     def _checkpoint_now(self, a: policy.CheckpointNow, reason: str, t: float) -> None:
         self.log(f"STOPPING {a.reason} Rank {a.rank} writes a last checkpoint to {self.checkpoint_dir}")
-        self.nodes.send(self.view.members[a.rank], make("checkpoint_now", directory=self.checkpoint_dir))
+        self.nodes.send(self.view.members[a.rank], make("checkpoint_now"))
 
     def _start_spares(self, a: policy.StartSpares, reason: str, t: float) -> None:
         self.spawn_spares(a.count)

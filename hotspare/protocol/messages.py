@@ -66,7 +66,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "abort": {"gen": _INT, "reason": _STR},
     "release": {"reason": _STR},
     "exit_now": {"code": _INT},
-    "checkpoint_now": {"directory": _STR},
+    "checkpoint_now": {},            # into the worker's own checkpoint directory (its contract)
     "fault": {"kind": _STR, "params": _DICT},
     "pause": {"gen": _INT, "reason": _STR},
     "probe": {"gen": _INT},          # a stall: which step's gradient exchange did you enter last?

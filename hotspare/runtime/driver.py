@@ -27,7 +27,7 @@ from hotspare.runtime.membership import Membership
 
 class WorkerDriver:
     def __init__(self, link: AgentLink, members: Membership, *, role: str,
-                 rollback: Callable[[int], None], checkpoint: Callable[[str], None]):
+                 rollback: Callable[[int], None], checkpoint: Callable[[], None]):
         self.link, self.members = link, members
         self._rollback, self._checkpoint = rollback, checkpoint
         self.state = ph.WorkerState(role=role)
@@ -83,7 +83,7 @@ class WorkerDriver:
         elif isinstance(effect, ph.AwaitOrder):
             return self._next_order()
         elif isinstance(effect, ph.Checkpoint):
-            self._checkpoint(effect.directory)
+            self._checkpoint()
         elif isinstance(effect, ph.Join):
             return self._join(effect.msg)
         elif isinstance(effect, ph.HandOff):
@@ -104,7 +104,7 @@ class WorkerDriver:
         if msg["type"] == "release":
             return ph.Released(str(msg.get("reason", "")))
         if msg["type"] == "checkpoint_now":
-            return ph.CheckpointAsked(msg["directory"])
+            return ph.CheckpointAsked()
         return ph.Order(msg)
 
     def _join(self, msg: dict[str, Any]) -> ph.Event:

@@ -441,9 +441,9 @@ class Job:
             reset_after_failure(ddp)
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpoint_now(self, directory: str) -> None:
+    def _checkpoint_now(self) -> None:
         """The job is stopping: leave a usable checkpoint of the committed state."""
-        self._report_checkpoint(self._persist.save_now(self.committed, directory))
+        self._report_checkpoint(self._persist.save_now(self.committed))
 
     def _report_checkpoint(self, info) -> None:
         """From the checkpoint writer's thread, the moment the write is durable: the coordinator

@@ -105,9 +105,12 @@ class Persister:
             except CheckpointError as e:
                 print(f"hotspare: rank 0: {e}", file=sys.stderr, flush=True)
 
-    def save_now(self, step: int, directory: str) -> CheckpointInfo:
-        """A synchronous checkpoint (the job is stopping and this is its last copy)."""
-        self._confined(directory, [self.directory], "write a checkpoint to")
+    def save_now(self, step: int) -> CheckpointInfo:
+        """A synchronous checkpoint into the job's checkpoint directory (the job is stopping and
+        this is its last copy). The directory is the worker contract's, never a message's."""
+        directory = self.directory
+        if directory is None:
+            raise CheckpointError("no checkpoint directory in this worker's contract (HOTSPARE_CHECKPOINT_DIR)")
         if self._async is not None:
             self._async.wait()
         return save(directory, step, *_payload(self.registry.snapshot(), step), fingerprint(self.registry),

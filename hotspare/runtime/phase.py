@@ -101,8 +101,8 @@ class Released:
 
 @dataclass(frozen=True)
 class CheckpointAsked:
-    """The job is stopping: leave a checkpoint of the committed state (between generations)."""
-    directory: str
+    """The job is stopping: leave a checkpoint of the committed state (between generations), in
+    the worker's own checkpoint directory (its contract's: the one place that setting lives)."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class AwaitOrder:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    directory: str
+    pass
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ def transition(state: WorkerState, event: Event) -> tuple[WorkerState, list[Effe
         if not phase.awaiting:
             raise _refuse(state, event)
         if isinstance(event, CheckpointAsked):
-            return state, [Checkpoint(event.directory), AwaitOrder()]
+            return state, [Checkpoint(), AwaitOrder()]
         if isinstance(event, Released):
             if phase is P.DONE:
                 return _move(state, P.RELEASED), []

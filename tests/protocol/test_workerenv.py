@@ -109,7 +109,7 @@ def test_the_persister_reads_its_directories_and_key_from_the_contract(tmp_path)
     env = JobEnv(checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1, checkpoint_key=str(key),
                  resume_dir=str(tmp_path / "old"))
     p = Persister(_registry(), env=env)
-    info = p.save_now(4, str(tmp_path / "ck"))
+    info = p.save_now(4)
     assert key.exists() and info.step == 4          # signed with the contract's key file, made on first use
     assert p.restore(info.path) == 4
     default_key = Persister(_registry(), env=dataclasses.replace(env, checkpoint_key=None))
