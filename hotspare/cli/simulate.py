@@ -46,9 +46,6 @@ OPTIONS = [o for o in PLAN_OPTIONS if o.dest not in _OVERRIDES] + [
     Option("--seed", "int", "S", "first random seed, for reproducible numbers (default 0)", FLEET),
     Option("--mix", "text", "KIND=W,...", _mix_help(), FLEET),
     Option("--rack-nodes", "int", "N", "nodes one rack-wide (correlated) event takes out (default 4)", FLEET),
-    Option("--replica-nodes", "int", "N", "nodes that hold one full copy of the training state, "
-           "e.g. 16 for TP8 x PP16 on 8-GPU nodes; the job has nodes / N copies, and a failure is "
-           "recovered from memory while another copy of each lost shard survives (default 16)", FLEET),
     Option("--placement", "text", "HOW", "'spread': copies of a shard sit replica-nodes apart, so a "
            "rack-wide event hits different shards; 'packed': copies sit on adjacent nodes and can "
            "share a rack (default spread)", FLEET),

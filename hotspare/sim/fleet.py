@@ -36,7 +36,7 @@ from hotspare.policy.recovery import plan_recovery
 from hotspare.sim import failure_math as fm
 from hotspare.sim.economics import POOL_EMPTY_TARGET, JobInputs, Plan, PlanInputs, evaluate
 from hotspare.sim.presets import (DEFAULT_MIX, DEFAULT_RACK_NODES, HOURS_PER_YEAR, FailureKind,
-                                  mix_mean, node_hours_per_failure, shares)
+                                  mix_mean, node_hours_per_failure, nodes_per_failure, shares)
 from hotspare.sim.stats import mean_ci
 
 PLACEMENTS = ("spread", "packed")
@@ -58,12 +58,7 @@ class FleetConfig(JobInputs):
     """
     mix: tuple[FailureKind, ...] = DEFAULT_MIX
     rack_nodes: int = DEFAULT_RACK_NODES
-    replica_nodes: int = 16
     placement: str = "spread"
-
-    @property
-    def nodes(self) -> int:
-        return self.gpus // self.gpus_per_node
 
     def validate(self) -> None:
         super().validate()
@@ -94,7 +89,8 @@ class FleetConfig(JobInputs):
         common = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobInputs)}
         return PlanInputs(**common, detect=mix_mean(self.mix, "detect_h"),
                           fallback=mix_mean(self.mix, "destroys_state"),
-                          repair=node_hours_per_failure(self.mix, self.rack_nodes))
+                          repair=node_hours_per_failure(self.mix, self.rack_nodes),
+                          nodes_hit=nodes_per_failure(self.mix, self.rack_nodes))
 
 
 @dataclasses.dataclass(frozen=True)
