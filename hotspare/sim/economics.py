@@ -118,6 +118,11 @@ class PlanInputs(JobInputs):
     fallback: float = mix_mean(DEFAULT_MIX, "destroys_state")   # p_f
     repair: float = node_hours_per_failure(DEFAULT_MIX, DEFAULT_RACK_NODES)  # node-hours out per failure
     nodes_hit: float = nodes_per_failure(DEFAULT_MIX, DEFAULT_RACK_NODES)    # nodes lost per failure
+    # Per failure, over failures that keep their state (the ones a replacement is borrowed for):
+    # nodes replaced and node-hours until repaired. None: (1 − fallback) × nodes_hit and × repair,
+    # exact when state loss does not depend on the kind of failure; the simulator passes the mix's.
+    kept_nodes: float | None = None
+    kept_node_hours: float | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -245,11 +250,13 @@ def _borrowed(inp: PlanInputs, lam: float, restart: float, tau: float, rule: str
     out = _outcome(inp, fm.live_goodput(lam, inp.fallback, down, inp.step, tau, inp.stall, restart,
                                         inp.overhead), tau, rule)
     # lender_gpu_hours is linear in (nodes, nodes × hold), so its mean is exact from the means.
-    per_failure = pool.lender_gpu_hours(inp.nodes_hit, inp.repair / inp.nodes_hit,
+    kept_nodes = (1.0 - inp.fallback) * inp.nodes_hit if inp.kept_nodes is None else inp.kept_nodes
+    kept_hours = (1.0 - inp.fallback) * inp.repair if inp.kept_node_hours is None else inp.kept_node_hours
+    per_failure = pool.lender_gpu_hours(kept_nodes, kept_hours / kept_nodes if kept_nodes else 0.0,
                                         gpus_per_node=inp.gpus_per_node, lender_nodes=inp.lender_nodes,
                                         lender=inp.lender, lend_pause=inp.lend_pause,
                                         lend_resume=inp.lend_resume)
-    lender_year = lam * (1.0 - inp.fallback) * (1.0 - no_lender) * per_failure * HOURS_PER_YEAR
+    lender_year = lam * (1.0 - no_lender) * per_failure * HOURS_PER_YEAR
     lender_usd = lender_year * inp.price * inp.lender_value
     return Borrowed(out, lendable, no_lender, lender_year, lender_usd,
                     cr.wasted_usd_year - out.wasted_usd_year - lender_usd)
@@ -266,8 +273,7 @@ def _shrunk(inp: PlanInputs, lam: float, restart: float, tau: float, rule: str,
     down = inp.detect + pool.expected_delay("shrink", 0.0, downtime=inp.downtime,
                                             lend_pause=inp.lend_pause, cold_start=inp.cold_start)
     live = fm.live_goodput(lam, inp.fallback, down, inp.step, tau, inp.stall, restart, inp.overhead)
-    regrow = max(0.0, 1.0 - lam * inp.downtime)
-    out = _outcome(inp, live * (1.0 - degraded) * regrow, tau, rule)
+    out = _outcome(inp, live * (1.0 - degraded) * pool.regrow_factor(lam, degraded, inp.downtime), tau, rule)
     return Shrunk(out, n_copies, degraded, cr.wasted_usd_year - out.wasted_usd_year)
 
 

@@ -90,3 +90,14 @@ def degraded_share(mean_nodes_out: float, n_copies: int) -> float:
     if n_copies < 1:
         raise ValueError("a job has at least one copy of its state")
     return -math.expm1(-mean_nodes_out / n_copies)
+
+
+def regrow_factor(failures_per_hour: float, degraded: float, regrow: float) -> float:
+    """Share of time a shrinking job is not stopped to take a repaired copy back, exp(−r·D).
+
+    A copy comes back when the last of its nodes in repair does: busy periods of its repair
+    queue end at rate Λ/c × P(copy whole) per copy, so at r = Λ·(1 − degraded) over the job;
+    each return stops the job for ``regrow`` hours, and stops that overlap count once
+    (Poisson coverage of the time line).
+    """
+    return math.exp(-failures_per_hour * (1.0 - degraded) * regrow)
