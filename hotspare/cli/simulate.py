@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hotspare.cli.plan import (OPTIONS as PLAN_OPTIONS, Option, add_options, convert,
                                describe_rate, gather, job_fields, plan_json, rates, values)
+from hotspare.cli.simulate_sharded import DESTS as SHARDED_DESTS, SHARDED_OPTIONS, requested, run_sharded
 from hotspare.errors import ConfigError
 from hotspare.sim.presets import DEFAULT_MIX, FailureKind, shares
 from hotspare.sim.units import fmt_duration, fmt_usd, parse_duration
@@ -49,8 +50,8 @@ OPTIONS = [o for o in PLAN_OPTIONS if o.dest not in _OVERRIDES] + [
     Option("--placement", "text", "HOW", "'spread': copies of a shard sit replica-nodes apart, so a "
            "rack-wide event hits different shards; 'packed': copies sit on adjacent nodes and can "
            "share a rack (default spread)", FLEET),
-]
-_NOT_FLEET_FIELDS = ("gpus", "preset", "afr", "seeds", "seed", "mix", *_OVERRIDES)
+] + SHARDED_OPTIONS
+_NOT_FLEET_FIELDS = ("gpus", "preset", "afr", "seeds", "seed", "mix", *_OVERRIDES, *SHARDED_DESTS)
 
 
 def parse_mix(spec) -> tuple[FailureKind, ...]:
@@ -229,6 +230,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg, label, seeds, seed = build(args)
+        sharded = requested(args, OPTIONS)
+        if sharded is not None:
+            return run_sharded(cfg, label, seeds, seed, sharded, args.json)
         sizes = _plot_sizes(args.plot_sizes, cfg) if args.plot else []
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise ConfigError("--plot needs matplotlib (pip install matplotlib)")

@@ -195,3 +195,26 @@ def test_help_explains_the_pool_options(command):
                  "--lender-value", "--replica-nodes"):
         assert flag in out, flag
     assert "Kubernetes' default termination" in " ".join(out.split())
+
+
+def test_simulate_sharded_reports_the_fallback_share_and_the_table():
+    out = hotspare("simulate", "--gpus", "256", "--days", "365", "--seeds", "3", "--sharded", "fsdp",
+                   "--buddy-jump", "4", "--replica-nodes", "1")
+    assert out.returncode == 0, out.stderr
+    for needle in ("fall back to a checkpoint", "two adjacent hosts", "buddy snapshots 4 host(s) on",
+                   "recover_shards"):
+        assert needle in out.stdout, needle
+    body = json.loads(hotspare("simulate", "--gpus", "64", "--days", "30", "--seeds", "2", "--sharded",
+                               "hsdp:2", "--json").stdout)
+    assert body["config"]["replicate"] == 2
+    assert {c["path"] for c in body["combinations"]} <= {"memory", "checkpoint"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sharded", "zero3"], "'fsdp' or 'hsdp:R'"),
+    (["--buddy-jump", "2"], "only apply with --sharded"),
+    (["--sharded", "fsdp", "--snapshot-in", "disk"], "snapshot_in"),
+])
+def test_simulate_sharded_rejects_impossible_inputs(args, needle):
+    out = hotspare("simulate", "--gpus", "64", *args)
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
