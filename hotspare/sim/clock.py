@@ -9,24 +9,28 @@ the other policies, with ``E(t) - E(resume)`` in place of ``t - resume``.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Callable, Iterable, Sequence
-
-import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
 class Clock:
-    """Piecewise-linear E(t) through (times, effective) breakpoints; the last slope continues."""
-    times: np.ndarray
-    effective: np.ndarray
+    """Piecewise-linear E(t) through (times, effective) breakpoints; the last slope continues.
+    Plain lists and bisect: the replay calls it once per failure, where numpy's per-call
+    overhead would dominate."""
+    times: list[float]
+    effective: list[float]
     tail_rate: float
     degraded: float      # mean share of copies down over [0, horizon]
 
     def __call__(self, t: float) -> float:
-        if t >= self.times[-1]:
-            return float(self.effective[-1] + (t - self.times[-1]) * self.tail_rate)
-        return float(np.interp(t, self.times, self.effective))
+        times, eff = self.times, self.effective
+        if t >= times[-1]:
+            return eff[-1] + (t - times[-1]) * self.tail_rate
+        i = bisect.bisect_right(times, t)          # times[i-1] <= t < times[i]
+        t0, t1 = times[i - 1], times[i]
+        return eff[i - 1] + (eff[i] - eff[i - 1]) * (t - t0) / (t1 - t0)
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -68,4 +72,4 @@ def shrink_clock(times: Sequence[float], repairs: Sequence[float], nodes: Iterab
     if now < horizon:
         degraded_area += down / n_copies * (horizon - now)
     tail = 0.0 if pauses else (n_copies - down) / n_copies
-    return Clock(np.array(points), np.array(values), tail, degraded_area / horizon)
+    return Clock(points, values, tail, degraded_area / horizon)

@@ -45,7 +45,7 @@ from hotspare.sim.stats import mean_ci
 PLACEMENTS = ("spread", "packed")
 # Every survivor of a shard holds the same committed step, so the decision needs only some of
 # them; capping what we pass keeps pure data-parallel fleets (thousands of copies) fast.
-MAX_SURVIVORS_PASSED = 64
+MAX_SURVIVORS_PASSED = 2
 _SEVERITY = {"memory": 0, "wait": 1, "checkpoint": 2}
 
 
