@@ -52,6 +52,8 @@ def requested(args, options) -> dict | None:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             raise ConfigError(f"{flags} only apply with --sharded fsdp or --sharded hsdp:R")
         return None
+    if getattr(args, "plot", None) is not None:
+        raise ConfigError("--plot draws the replicated job's policies; leave it out with --sharded")
     by_dest = {o.dest: o for o in SHARDED_OPTIONS}
     return {k: convert(by_dest[k], v) for k, v in given.items()}
 

@@ -214,7 +214,17 @@ def test_simulate_sharded_reports_the_fallback_share_and_the_table():
     (["--sharded", "zero3"], "'fsdp' or 'hsdp:R'"),
     (["--buddy-jump", "2"], "only apply with --sharded"),
     (["--sharded", "fsdp", "--snapshot-in", "disk"], "snapshot_in"),
+    (["--sharded", "fsdp", "--plot", "x.png"], "leave it out with --sharded"),
 ])
 def test_simulate_sharded_rejects_impossible_inputs(args, needle):
     out = hotspare("simulate", "--gpus", "64", *args)
     assert out.returncode == 2 and needle in out.stderr, out.stderr
+
+
+def test_simulate_sharded_from_a_config_file(tmp_path):
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('gpus = 64\ndays = 30\nseeds = 2\nsharded = "hsdp:2"\nbuddy_jump = 0\n')
+    out = hotspare("simulate", "--config", str(cfg), "--json")
+    assert out.returncode == 0, out.stderr
+    config = json.loads(out.stdout)["config"]
+    assert (config["replicate"], config["buddy_jump"]) == (2, 0)
