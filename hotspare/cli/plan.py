@@ -83,7 +83,8 @@ OPTIONS = [
            f"into the job (default {fmt_duration(_D.cold_start)})", LIVE),
     Option("--replica-nodes", "int", "N", f"nodes that hold one full copy of the training state, e.g. "
            f"16 for TP8 x PP16 on 8-GPU nodes, 1 when each node holds a whole replica; the job has "
-           f"nodes / N copies, and shrinking drops a whole copy (default {_D.replica_nodes})", JOB),
+           f"nodes / N copies: a failure recovers from memory while another copy of each lost shard "
+           f"survives (simulate), and shrinking drops a whole copy (default {_D.replica_nodes})", JOB),
     Option("--lendable", "fraction", "FRAC", f"lower-priority, preemptible work running on the same "
            f"pool, as a share of the job's nodes; 'borrow' takes a lost node's replacement from it "
            f"(default {_D.lendable_share:.0%}: evaluations and small experiments beside a large job, "
@@ -403,6 +404,9 @@ examples:
       your checkpoint setup against live failover on 2,048 GPUs
   hotspare plan --gpus 1024,2048,16384 --preset afr-1pct,llama3-405b,meta-rsc1
       one line per combination: the worked example of docs/ECONOMICS.md
+  hotspare plan --gpus 2048 --lendable 1% --lender-nodes 8 --replica-nodes 1
+      dedicated spares, spares borrowed from scarce 8-node preemptible jobs, or shrinking
+      one node at a time: which is cheapest
 
 Durations take a unit (90s, 2m, 1.5h, 3d); fractions take 1% or 0.01. Goodput is the share of
 wall-clock time that becomes training progress that is never thrown away. The model, its

@@ -201,6 +201,9 @@ examples:
       a year on 2,048 GPUs, and the figure of docs/ECONOMICS.md
   hotspare simulate --gpus 1024 --replica-nodes 64 --placement packed --mix network=1
       only two copies of the state, packed into racks: watch rack-wide events force fallbacks
+  hotspare simulate --gpus 2048 --days 365 --sharded fsdp --buddy-jump 4
+      an FSDP job with buddy snapshots a rack away: the share of failures that fall back to a
+      checkpoint, and which simultaneous losses recover from memory
 
 Every failure of the live-failover replay is decided by the coordinator's own recovery policy
 (hotspare.policy.recovery.plan_recovery): from memory when a copy of each lost shard survives,
