@@ -11,6 +11,10 @@ Accounting choices, stated because they move the answer:
   restarts (that delay is part of R), so it is not charged for reserving any.
 - Live failover still checkpoints, for the failures that leave no in-memory copy; its default
   interval is the optimum for that (much lower) fallback rate.
+- Live failover gets its replacements one of three ways (``pool``): dedicated warm spares
+  (charged as above), nodes borrowed from lower-priority work (charged the GPU-hours the lenders
+  lose, at ``lender_value`` × price), or none: shrinking, charged only through its own lower
+  throughput. All three share the same checkpoint interval and overhead.
 - "optimal" intervals are Daly's, capped at 24 h: teams keep at least a daily checkpoint for
   reasons this model does not price (code changes, evaluation, disasters).
 """
@@ -243,7 +247,7 @@ def evaluate(inp: PlanInputs) -> Plan:
 def _borrowed(inp: PlanInputs, lam: float, restart: float, tau: float, rule: str, cr: Outcome) -> Borrowed:
     """The lendable nodes are the pool (Erlang B again, since a borrowed node is held for the
     repair like a spare); every live recovery also waits out the lender's pause."""
-    lendable = pool.lendable_nodes(inp.lendable_share, inp.gpus // inp.gpus_per_node)
+    lendable = pool.lendable_nodes(inp.lendable_share, inp.nodes)
     no_lender = fm.pool_empty_probability(lam, inp.repair, lendable)
     down = inp.detect + pool.expected_delay("borrow", no_lender, downtime=inp.downtime,
                                             lend_pause=inp.lend_pause, cold_start=inp.cold_start)
@@ -266,7 +270,7 @@ def _shrunk(inp: PlanInputs, lam: float, restart: float, tau: float, rule: str,
             cr: Outcome) -> Shrunk | None:
     """Stop to drop the broken copy (detect + downtime), train on the rest while the node is in
     repair, stop again (downtime) to take it back."""
-    n_copies = pool.copies(inp.gpus // inp.gpus_per_node, inp.replica_nodes)
+    n_copies = pool.copies(inp.nodes, inp.replica_nodes)
     if n_copies < 2:
         return None
     degraded = pool.degraded_share(lam * inp.repair, n_copies)
