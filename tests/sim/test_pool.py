@@ -152,3 +152,13 @@ def test_shrink_is_left_out_with_one_copy_and_its_degraded_share_is_measured():
     degraded = many.summary()["shrink"]["degraded"]
     assert degraded["mean"] > 0
     assert abs(degraded["mean"] - many.plan.shrunk.degraded) <= max(degraded["ci"], 0.05 * degraded["mean"])
+
+
+def test_kept_state_exposure_leaves_out_failures_that_destroy_state():
+    from hotspare.sim.presets import kept_state_exposure, node_hours_per_failure, nodes_per_failure
+    mix = (FailureKind("a", 3.0, 0.0, 10.0, 0.5, 0.0, "t"), FailureKind("b", 1.0, 0.0, 2.0, 0.0, 1.0, "t"))
+    nodes, hours = kept_state_exposure(mix, rack_nodes=3)
+    assert nodes == pytest.approx(0.75 * (1 + 0.5 * 2))
+    assert hours == pytest.approx(0.75 * 2 * 10.0)
+    assert nodes_per_failure(mix, 3) == pytest.approx(nodes + 0.25)
+    assert node_hours_per_failure(mix, 3) == pytest.approx(hours + 0.25 * 2.0)
