@@ -253,7 +253,10 @@ def verdict(plan: Plan) -> str:
             why = (f"live failover gains {gap * 100:.2f} points of goodput "
                    f"({fmt_usd(cr.wasted_usd_year - hs.wasted_usd_year)}/yr), less than the "
                    f"{fmt_usd(plan.spare_cost_usd_year)}/yr of idle spares")
-        return f"Does not pay at these inputs: {why}. A tuned checkpoint setup is the cheaper answer here."
+        text = f"Live failover with dedicated spares does not pay at these inputs: {why}."
+        if cheapest(plan)[1] <= 0:
+            text += " A tuned checkpoint setup is the cheaper answer here."
+        return text
     share = plan.net_saving_usd_year / (plan.inputs.gpus * 8760 * plan.inputs.price or 1)
     text = (f"Live failover with dedicated spares pays: {fmt_usd(plan.net_saving_usd_year)}/yr net of them "
             f"({share:.1%} of the job's GPU bill), goodput {_pct(cr.goodput)} -> {_pct(hs.goodput)}.")
