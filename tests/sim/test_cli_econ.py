@@ -228,3 +228,9 @@ def test_simulate_sharded_from_a_config_file(tmp_path):
     assert out.returncode == 0, out.stderr
     config = json.loads(out.stdout)["config"]
     assert (config["replicate"], config["buddy_jump"]) == (2, 0)
+
+
+def test_plan_does_not_recommend_checkpoints_when_borrowing_pays():
+    text = " ".join(hotspare("plan", "--gpus", "1024").stdout.split())
+    assert "dedicated spares does not pay" in text
+    assert "cheaper answer" not in text and "Cheapest way to survive failures here: borrowed" in text
