@@ -1,4 +1,4 @@
-"""Discrete-event fleet simulator: replay a year of failures against both recovery policies.
+"""Discrete-event fleet simulator: replay a year of failures against every recovery policy.
 
 What the closed form cannot see, the simulator plays out failure by failure: per-kind detection
 and repair times, rack-wide events, a finite warm-spare pool that empties when repairs are slow,
@@ -8,18 +8,20 @@ How it stays honest and fast:
 - The hotspare policy does not re-implement recovery: every failure is put to
   ``hotspare.policy.recovery.plan_recovery``, the coordinator's own decision, with the lost
   nodes, the surviving replicas of each lost shard and the warm spares left. Its answer
-  ("memory", "wait" or "checkpoint") sets what the failure costs.
+  ("memory", "wait" or "checkpoint") sets what the failure costs, priced per policy by
+  ``pool.delay`` (dedicated spares, borrowed ones, or shrinking; see ``pool``).
 - Failures are drawn up front with numpy (Poisson counts, uniform times, kinds by share) and the
   event loop only visits failures; checkpoints, steps and repairs are closed-form between them.
-- Each seed replays the *same* failure trace under both policies (common random numbers), so
-  the saving between them has a much tighter interval than either goodput alone.
+- Each seed replays the *same* failure trace under every policy (common random numbers), so
+  the savings between them have much tighter intervals than any goodput alone.
 
 Model, in the renewal terms of ``failure_math`` (so the two can be checked against each other):
 the job runs in segments of ``interval`` compute + ``stall``; a failure stops it, is noticed
 after the kind's detection latency, and then either resumes from memory after ``downtime`` (the
 step in flight is redone) or rolls back to the last completed checkpoint and pays ``restart``.
 A failure during a recovery joins it (a checkpoint restart starts over). A node counts as one
-member: its 8 GPUs fail, move and are spared together.
+member: its 8 GPUs fail, move and are spared together. A shrinking job's progress follows
+``clock.shrink_clock`` instead of the wall clock.
 """
 from __future__ import annotations
 
