@@ -269,15 +269,24 @@ def _borrowed(inp: PlanInputs, lam: float, restart: float, tau: float, rule: str
 def _shrunk(inp: PlanInputs, lam: float, restart: float, tau: float, rule: str,
             cr: Outcome) -> Shrunk | None:
     """Stop to drop the broken copy (detect + downtime), train on the rest while the node is in
-    repair, stop again (downtime) to take it back."""
+    repair, stop again (downtime) to take it back.
+
+    While shrunk the job progresses at ρ = 1 − degraded of full speed. Measured in progress rather
+    than wall time, that is a job at full speed whose failures come Λ/ρ per hour and whose stops
+    (recovery, restart) last ρ times as long; its wall-clock goodput is ρ times that job's. The
+    checkpoint stall is slowed with the job, as the simulator's clock does (``clock``)."""
     n_copies = pool.copies(inp.nodes, inp.replica_nodes)
     if n_copies < 2:
         return None
-    degraded = pool.degraded_share(lam * inp.repair, n_copies)
+    # The run starts with no node in repair; over a run a few repair times long that matters.
+    mean_out = lam * inp.repair * pool.warmup(inp.days * 24.0, inp.repair / inp.nodes_hit)
+    degraded = pool.degraded_share(mean_out, n_copies)
+    rho = 1.0 - degraded
     down = inp.detect + pool.expected_delay("shrink", 0.0, downtime=inp.downtime,
                                             lend_pause=inp.lend_pause, cold_start=inp.cold_start)
-    live = fm.live_goodput(lam, inp.fallback, down, inp.step, tau, inp.stall, restart, inp.overhead)
-    out = _outcome(inp, live * (1.0 - degraded) * pool.regrow_factor(lam, degraded, inp.downtime), tau, rule)
+    live = rho * fm.live_goodput(lam / rho, inp.fallback, down * rho, inp.step, tau, inp.stall,
+                                 restart * rho, inp.overhead)
+    out = _outcome(inp, live * pool.regrow_factor(lam, degraded, inp.downtime), tau, rule)
     return Shrunk(out, n_copies, degraded, cr.wasted_usd_year - out.wasted_usd_year)
 
 

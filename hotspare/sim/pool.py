@@ -79,6 +79,15 @@ def lender_gpu_hours(borrowed_nodes: int, hold: float, *, gpus_per_node: int, le
     return borrowed_nodes * gpus_per_node * per_node
 
 
+def warmup(horizon: float, hold: float) -> float:
+    """Mean over [0, T] of the nodes in repair, as a share of the steady state, for a run that
+    starts with none: 1 − (r/T)(1 − e^{−T/r}) for repairs of mean r (exact when they are
+    exponential, as the simulator draws them)."""
+    if hold <= 0.0 or horizon <= 0.0:
+        return 1.0
+    return 1.0 + math.expm1(-horizon / hold) * hold / horizon
+
+
 def degraded_share(mean_nodes_out: float, n_copies: int) -> float:
     """Mean share of a shrinking job's copies that are down, 1 − exp(−a/c).
 
