@@ -127,6 +127,12 @@ class PlanInputs(JobInputs):
     # exact when state loss does not depend on the kind of failure; the simulator passes the mix's.
     kept_nodes: float | None = None
     kept_node_hours: float | None = None
+    # Mean nodes in repair over the run, as a share of the steady state (the run starts with none).
+    # None: ``pool.warmup`` for one mean repair time; the simulator passes the mix's, kind by kind.
+    repair_warmup: float | None = None
+    # Copy-hours out per failure, for shrinking: a failure that takes several nodes of one copy
+    # takes that copy once. None: ``repair``, as if every lost node were in a different copy.
+    copy_hours: float | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -279,7 +285,9 @@ def _shrunk(inp: PlanInputs, lam: float, restart: float, tau: float, rule: str,
     if n_copies < 2:
         return None
     # The run starts with no node in repair; over a run a few repair times long that matters.
-    mean_out = lam * inp.repair * pool.warmup(inp.days * 24.0, inp.repair / inp.nodes_hit)
+    warm = (pool.warmup(inp.days * 24.0, inp.repair / inp.nodes_hit) if inp.repair_warmup is None
+            else inp.repair_warmup)
+    mean_out = lam * (inp.repair if inp.copy_hours is None else inp.copy_hours) * warm
     degraded = pool.degraded_share(mean_out, n_copies)
     rho = 1.0 - degraded
     down = inp.detect + pool.expected_delay("shrink", 0.0, downtime=inp.downtime,

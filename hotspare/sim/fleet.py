@@ -97,7 +97,29 @@ class FleetConfig(JobInputs):
                           repair=node_hours_per_failure(self.mix, self.rack_nodes),
                           nodes_hit=nodes_per_failure(self.mix, self.rack_nodes),
                           **dict(zip(("kept_nodes", "kept_node_hours"),
-                                     kept_state_exposure(self.mix, self.rack_nodes))))
+                                     kept_state_exposure(self.mix, self.rack_nodes))),
+                          repair_warmup=self.repair_warmup(), copy_hours=self.copy_hours())
+
+    def copy_hours(self) -> float:
+        """Copy-hours out per failure: a rack-wide event takes each copy that has a node in the
+        rack once (with ``spread`` placement a rack's nodes mostly share one copy)."""
+        shards = _Shards(self)
+        starts = range(0, self.nodes, self.rack_nodes)
+        distinct = sum(len({shards.copy_of(n) for n in range(a, min(a + self.rack_nodes, self.nodes))})
+                       for a in starts) / len(starts)
+        return sum(s * k.repair_h * (1.0 + k.correlated * (distinct - 1))
+                   for s, k in zip(shares(self.mix), self.mix))
+
+    def repair_warmup(self) -> float:
+        """Mean nodes in repair over the run as a share of the steady state, kind by kind (each
+        kind's repairs are exponential with its own mean, as ``_draw`` draws them)."""
+        load = [s * k.repair_h * (1.0 + k.correlated * (self.rack_nodes - 1))
+                for s, k in zip(shares(self.mix), self.mix)]
+        total = sum(load)
+        if total <= 0.0:
+            return 1.0
+        horizon = self.days * 24.0
+        return sum(w * pool_model.warmup(horizon, k.repair_h) for w, k in zip(load, self.mix)) / total
 
 
 @dataclasses.dataclass(frozen=True)

@@ -162,3 +162,13 @@ def test_kept_state_exposure_leaves_out_failures_that_destroy_state():
     assert hours == pytest.approx(0.75 * 2 * 10.0)
     assert nodes_per_failure(mix, 3) == pytest.approx(nodes + 0.25)
     assert node_hours_per_failure(mix, 3) == pytest.approx(hours + 0.25 * 2.0)
+
+
+@pytest.mark.parametrize("placement", ["spread", "packed"])
+def test_default_fleet_shrinks_as_the_closed_form_says(placement):
+    """Rack-wide events take one copy (spread) or several (packed), and a 30-day run starts with
+    no node in repair: the closed form is given both (copy_hours, repair_warmup) and must agree."""
+    result = simulate(FleetConfig(gpus=16384, days=30, placement=placement), seeds=20)
+    s = result.summary()["shrink"]
+    assert abs(s["degraded"]["mean"] - result.plan.shrunk.degraded) <= s["degraded"]["ci"]
+    assert abs(s["goodput"]["mean"] - result.plan.shrunk.outcome.goodput) <= s["goodput"]["ci"]
