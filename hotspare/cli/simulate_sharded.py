@@ -30,6 +30,7 @@ SHARDED_OPTIONS = [
            SHARDED),
 ]
 DESTS = tuple(o.dest for o in SHARDED_OPTIONS)
+SOURCES = ("replica", "own", "buddy", "checkpoint")
 
 
 def parse_mesh(text: str) -> int:
@@ -92,17 +93,18 @@ def render(cfg, label: str, result, combos, plan) -> str:
         f"  fall back to a checkpoint                       {_pct(s['fallback_share']):>18}",
         f"    state destroyed (SDC, job-wide bug)           {_pct(s['destroyed_share']):>18}",
         f"    no in-memory copy of some shard left          {_pct(s['no_copy_share']):>18}",
-        *textwrap.wrap(f"lost ranks recovered from: {src}", 100, initial_indent="  ", subsequent_indent="    "),
-        *textwrap.wrap(f"with this fallback share, hotspare plan's closed form gives live failover (dedicated "
-                       f"spares) {100 * plan.hotspare.goodput:.2f}% goodput against checkpoint-restart's "
-                       f"{100 * plan.checkpoint.goodput:.2f}%, net {fmt_usd(plan.net_saving_usd_year)}/yr",
+        *textwrap.wrap(f"lost ranks recovered from: {src}", 100, initial_indent="  ",
+                       subsequent_indent="    "),
+        *textwrap.wrap(f"with this fallback share, hotspare plan's closed form gives live failover "
+                       f"(dedicated spares) {100 * plan.hotspare.goodput:.2f}% goodput against "
+                       f"checkpoint-restart's {100 * plan.checkpoint.goodput:.2f}%, net "
+                       f"{fmt_usd(plan.net_saving_usd_year)}/yr",
                        100, initial_indent="  ", subsequent_indent="    "),
         "",
         "Which losses recover from memory with this placement (recover_shards):",
     ]
     for name, decision in combos:
-        counts = ", ".join(f"{k} {decision.count(k)}" for k in ("replica", "own", "buddy", "checkpoint")
-                           if decision.count(k))
+        counts = ", ".join(f"{k} {decision.count(k)}" for k in SOURCES if decision.count(k))
         lines.append(f"  {name:<52} {decision.path:<11} {counts}")
     lines += ["", *textwrap.wrap("Scope: gpu, hbm_ecc, software, hang and sdc failures take one rank "
                                  "(host RAM and agent live on); network, nic, host and unknown kinds "
@@ -123,7 +125,7 @@ def run_sharded(cfg_fleet, label: str, seeds: int, seed: int, opts: dict, as_jso
     if as_json:
         body = {"config": dataclasses.asdict(cfg), "summary": result.summary(),
                 "combinations": [{"case": n, "path": d.path, "reason": d.reason,
-                                  "sources": {k: d.count(k) for k in ("replica", "own", "buddy", "checkpoint")}}
+                                  "sources": {k: d.count(k) for k in SOURCES}}
                                  for n, d in combos],
                 "closed_form_with_this_fallback": {"checkpoint_goodput": plan.checkpoint.goodput,
                                                    "hotspare_goodput": plan.hotspare.goodput,

@@ -139,7 +139,8 @@ def recover_shards(placement: Placement, *, dead_ranks: Iterable[int] = (), dead
         buddy = p.buddy(r)
         if alive:
             src = (healthy or alive)[0]
-            sources.append(ShardSource(r, "replica", src, f"rank {r}: shard {r % p.shard} from replica rank {src}"))
+            sources.append(ShardSource(r, "replica", src,
+                                       f"rank {r}: shard {r % p.shard} from replica rank {src}"))
         elif r in draining:
             sources.append(ShardSource(r, "own", r, f"rank {r}: still readable, hands over its own shards"))
         elif buddy is not None and snapshot_survives(buddy):
@@ -154,10 +155,12 @@ def recover_shards(placement: Placement, *, dead_ranks: Iterable[int] = (), dead
     missing = [s for s in sources if s.source in ("checkpoint", "none")]
     if not missing:
         kinds = sorted({s.source for s in sources})
+        what = ", ".join(kinds) or "nothing lost"
         return Recoverability("memory", tuple(sources),
-                              f"{len(sources)} rank(s) recover from memory ({', '.join(kinds) or 'nothing lost'})")
+                              f"{len(sources)} rank(s) recover from memory ({what})")
     path: Path = "checkpoint" if has_checkpoint else "stop"
     head = "; ".join(s.reason for s in missing[:3]) + ("; ..." if len(missing) > 3 else "")
     then = ("the whole job goes back to its newest checkpoint" if has_checkpoint
             else "and there is no checkpoint: the job stops")
-    return Recoverability(path, tuple(sources), f"{len(missing)} rank(s) have no in-memory copy ({head}): {then}")
+    return Recoverability(path, tuple(sources),
+                          f"{len(missing)} rank(s) have no in-memory copy ({head}): {then}")

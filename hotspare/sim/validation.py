@@ -35,7 +35,8 @@ CASES: dict[str, FleetConfig] = {
         spares=PLENTY, lendable_share=LENDABLE),
     "rsc1 rate, 2k GPUs, 1 y, tau 2h, R 45m": FleetConfig(
         gpus=2048, days=365, afr=PRESETS["meta-rsc1"].per_gpu_year,
-        mix=one_kind(detect_h=30 / 3600, destroys=0.05), interval=2.0, restart=0.75, spares=PLENTY, lendable_share=LENDABLE),
+        mix=one_kind(detect_h=30 / 3600, destroys=0.05), interval=2.0, restart=0.75, spares=PLENTY,
+        lendable_share=LENDABLE),
     "slow checkpoints, 20% fallback": FleetConfig(
         gpus=1024, days=365, afr=0.5, mix=one_kind(destroys=0.2), stall=0.1, restart=1.0,
         downtime=0.25, replica_nodes=1, spares=PLENTY, lendable_share=LENDABLE),

@@ -1,7 +1,5 @@
 """Borrowed spares and shrinking: the per-failure model, its closed form, and the simulator that
 replays it failure by failure (the closed-form agreement itself is in test_fleet's validation)."""
-import dataclasses
-
 import pytest
 
 from hotspare.errors import ConfigError
