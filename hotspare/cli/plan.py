@@ -62,7 +62,7 @@ OPTIONS = [
     Option("--restart", "duration", "DUR", f"from detection to training again after a failure: "
            f"reschedule, start processes, load the checkpoint, warm up (default "
            f"{fmt_duration(_D.restart)})", CKPT),
-    Option("--detect", "duration", "DUR", f"from the failure to noticing it, for both policies "
+    Option("--detect", "duration", "DUR", f"from the failure to noticing it, for every policy "
            f"(default {fmt_duration(_D.detect)}: the default failure mix, where a hang waits out a "
            f"10-minute watchdog)", JOB),
     Option("--downtime", "duration", "DUR", f"from detection to training again when a copy of the "

@@ -196,7 +196,7 @@ def render(cfg, label: str, result) -> str:
 EPILOG = """\
 examples:
   hotspare simulate --gpus 16384 --days 30 --preset llama3-405b
-      a Llama-3-sized job for a month, 20 seeds, both policies, in well under a second
+      a Llama-3-sized job for a month, 20 seeds, every policy, in about a second
   hotspare simulate --gpus 2048 --days 365 --preset llama3-405b --plot docs/economics-example.png
       a year on 2,048 GPUs, and the figure of docs/ECONOMICS.md
   hotspare simulate --gpus 1024 --replica-nodes 64 --placement packed --mix network=1
@@ -221,7 +221,7 @@ def register(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(parser, OPTIONS, allow_multi=False)
     parser.add_argument("--plot", metavar="PNG", type=Path,
-                        help="also draw goodput vs. job size for both policies and the cumulative "
+                        help="also draw goodput vs. job size for checkpoint-restart and dedicated spares, and the cumulative "
                              "waste of this run (needs matplotlib)")
     parser.add_argument("--plot-sizes", metavar="N,N,...",
                         help="job sizes in GPUs for the goodput panel (default 512 ... 16384 and --gpus)")
