@@ -221,7 +221,7 @@ def register(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(parser, OPTIONS, allow_multi=False)
     parser.add_argument("--plot", metavar="PNG", type=Path,
-                        help="also draw goodput vs. job size for checkpoint-restart and dedicated spares, and the cumulative "
+                        help="also draw goodput vs. job size for both policies and the cumulative "
                              "waste of this run (needs matplotlib)")
     parser.add_argument("--plot-sizes", metavar="N,N,...",
                         help="job sizes in GPUs for the goodput panel (default 512 ... 16384 and --gpus)")
