@@ -1,6 +1,6 @@
 """Fleet simulator benchmark: speed at Llama-3 scale, and agreement with the closed form.
 
-    python bench/simulator.py            # ~1 min on one core
+    python bench/simulator.py            # several minutes on one core (four policies, 300 seeds)
     python bench/simulator.py --quick    # speed and the 30-seed agreement only
 
 Pins itself to one CPU core (where the OS allows) so the timing means "one core". Prints

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 from hotspare.errors import ConfigError
-from hotspare.sim.economics import Driver, Plan, PlanInputs, drivers, evaluate
+from hotspare.sim.economics import Driver, Plan, PlanInputs, cheapest, drivers, evaluate
 from hotspare.sim.presets import DEFAULT_PRESET, PRESETS
 from hotspare.sim.units import fmt_duration, fmt_usd, parse_duration, parse_fraction
 
@@ -40,6 +40,7 @@ def _presets_help() -> str:
 
 
 JOB, RATE, CKPT, LIVE = "the job", "failure rate (pick one)", "checkpoint-restart", "hotspare live failover"
+POOL = "live failover without idle spares: borrow from lower-priority work, or shrink"
 OPTIONS = [
     Option("--gpus", "int", "N", "GPUs in the job, e.g. 2048", JOB, multi=True),
     Option("--days", "float", "D", f"length of the run in days; per-run figures use it, per-year "
@@ -61,7 +62,7 @@ OPTIONS = [
     Option("--restart", "duration", "DUR", f"from detection to training again after a failure: "
            f"reschedule, start processes, load the checkpoint, warm up (default "
            f"{fmt_duration(_D.restart)})", CKPT),
-    Option("--detect", "duration", "DUR", f"from the failure to noticing it, for both policies "
+    Option("--detect", "duration", "DUR", f"from the failure to noticing it, for every policy "
            f"(default {fmt_duration(_D.detect)}: the default failure mix, where a hang waits out a "
            f"10-minute watchdog)", JOB),
     Option("--downtime", "duration", "DUR", f"from detection to training again when a copy of the "
@@ -80,6 +81,27 @@ OPTIONS = [
            f"node can be a spare again (default {fmt_duration(_D.repair)}: the default failure mix)", LIVE),
     Option("--cold-start", "duration", "DUR", f"when no warm spare is left, time to bring a cold node "
            f"into the job (default {fmt_duration(_D.cold_start)})", LIVE),
+    Option("--replica-nodes", "int", "N", f"nodes that hold one full copy of the training state, e.g. "
+           f"16 for TP8 x PP16 on 8-GPU nodes, 1 when each node holds a whole replica; the job has "
+           f"nodes / N copies: a failure recovers from memory while another copy of each lost shard "
+           f"survives (simulate), and shrinking drops a whole copy (default {_D.replica_nodes})", JOB),
+    Option("--lendable", "fraction", "FRAC", f"lower-priority, preemptible work running on the same "
+           f"pool, as a share of the job's nodes; 'borrow' takes a lost node's replacement from it "
+           f"(default {_D.lendable_share:.0%}: evaluations and small experiments beside a large job, "
+           f"an assumption)", POOL),
+    Option("--lend-pause", "duration", "DUR", f"time a lender takes to stop at a step boundary and park "
+           f"its state, which the borrower waits out on top of --downtime (default "
+           f"{fmt_duration(_D.lend_pause)}: Kubernetes' default termination grace)", POOL),
+    Option("--lend-resume", "duration", "DUR", f"time the lender needs to start again once the failed "
+           f"node is repaired and handed back: requeue, restore, warm up (default "
+           f"{fmt_duration(_D.lend_resume)})", POOL),
+    Option("--lender-nodes", "int", "N", f"nodes of one lending job; a pausing lender stops on all of "
+           f"them for the whole loan (default {_D.lender_nodes})", POOL),
+    Option("--lender", "text", "HOW", f"'pause': the lender stops whole until its node comes back; "
+           f"'shrink': an elastic lender gives up one node and keeps training (default {_D.lender})", POOL),
+    Option("--lender-value", "fraction", "FRAC", f"what a GPU-hour of the lender's work is worth to you, "
+           f"as a share of --price; its lost hours are charged at this (default {_D.lender_value:.0%})",
+           POOL),
 ]
 
 
@@ -192,7 +214,7 @@ def rates(vals: dict[str, list]) -> list[tuple[float, str]]:
 
 def job_fields(vals: dict[str, list], skip: tuple[str, ...] = ("gpus", "preset", "afr")) -> dict:
     """Single-valued options, renamed to the dataclass fields they set."""
-    rename = {"step_time": "step"}
+    rename = {"step_time": "step", "lendable": "lendable_share"}
     return {rename.get(k, k): v[0] for k, v in vals.items() if k not in skip}
 
 
@@ -231,9 +253,12 @@ def verdict(plan: Plan) -> str:
             why = (f"live failover gains {gap * 100:.2f} points of goodput "
                    f"({fmt_usd(cr.wasted_usd_year - hs.wasted_usd_year)}/yr), less than the "
                    f"{fmt_usd(plan.spare_cost_usd_year)}/yr of idle spares")
-        return f"Does not pay at these inputs: {why}. A tuned checkpoint setup is the cheaper answer here."
+        text = f"Live failover with dedicated spares does not pay at these inputs: {why}."
+        if cheapest(plan)[1] <= 0:
+            text += " A tuned checkpoint setup is the cheaper answer here."
+        return text
     share = plan.net_saving_usd_year / (plan.inputs.gpus * 8760 * plan.inputs.price or 1)
-    text = (f"Live failover pays: {fmt_usd(plan.net_saving_usd_year)}/yr net of spares "
+    text = (f"Live failover with dedicated spares pays: {fmt_usd(plan.net_saving_usd_year)}/yr net of them "
             f"({share:.1%} of the job's GPU bill), goodput {_pct(cr.goodput)} -> {_pct(hs.goodput)}.")
     if gap < 0.01:
         text += (f" The gap is under one point: a well-tuned checkpoint setup is nearly as good, "
@@ -243,6 +268,62 @@ def verdict(plan: Plan) -> str:
 
 def describe_rate(label: str) -> str:
     return f"{label}: {PRESETS[label].summary}" if label in PRESETS else "given with --afr"
+
+
+_COLUMNS = ("checkpoint-restart", "dedicated spares", "borrowed", "shrink")
+
+
+def _policy_table(plan: Plan) -> list[str]:
+    """One column per way of surviving failures; '-' where it does not apply."""
+    cr, hs, bw, sh = plan.checkpoint, plan.hotspare, plan.borrowed, plan.shrunk
+    outs = [cr, hs, bw.outcome, sh.outcome if sh else None]
+
+    def row(name: str, cells) -> str:
+        return f"  {name:<26}" + "".join(f"{c:>19}" for c in cells)
+
+    def each(fmt) -> list[str]:
+        return [fmt(o) if o is not None else "-" for o in outs]
+    return [
+        row("", _COLUMNS),
+        row("goodput", each(lambda o: _pct(o.goodput))),
+        row("checkpoint interval", each(lambda o: fmt_duration(o.interval))),
+        row("GPU-hours wasted / run", each(lambda o: f"{o.wasted_gpu_hours_run:,.0f}")),
+        row("GPU-hours wasted / year", each(lambda o: f"{o.wasted_gpu_hours_year:,.0f}")),
+        row("USD wasted / year", each(lambda o: fmt_usd(o.wasted_usd_year))),
+        row("spares or lenders / year", ["-", fmt_usd(plan.spare_cost_usd_year),
+                                         fmt_usd(bw.lender_cost_usd_year), "-" if sh is None else "$0"]),
+        row("net saving / year", ["", fmt_usd(plan.net_saving_usd_year), fmt_usd(bw.net_saving_usd_year),
+                                  fmt_usd(sh.net_saving_usd_year) if sh else "-"]),
+    ]
+
+
+def _borrow_line(plan: Plan) -> str:
+    inp, bw = plan.inputs, plan.borrowed
+    lender = (f"{inp.lender_nodes}-node lenders that pause" if inp.lender == "pause"
+              else f"elastic {inp.lender_nodes}-node lenders that shrink")
+    return (f"borrowed: {bw.lendable} node(s) of preemptible work to borrow from ({inp.lendable_share:.0%} "
+            f"of the job); {bw.no_lender:.2%} of failures find none and wait {fmt_duration(inp.cold_start)} "
+            f"for a cold node; every other live recovery waits a {fmt_duration(inp.lend_pause)} lender "
+            f"pause; {lender} lose {bw.lender_gpu_hours_year:,.0f} GPU-hours/yr (pause, the repair, "
+            f"{fmt_duration(inp.lend_resume)} resume), charged at {inp.lender_value:.0%} of the price")
+
+
+def _shrink_line(plan: Plan) -> str:
+    inp, sh = plan.inputs, plan.shrunk
+    if sh is None:
+        return (f"shrink: impossible, the job holds one copy of its state ({inp.replica_nodes} "
+                f"replica-nodes); nothing is left to train on when a node is lost")
+    return (f"shrink: {sh.copies} copies of the state ({inp.replica_nodes} node(s) each); on average "
+            f"{sh.degraded:.2%} of them are down for repair, so the job trains at {1 - sh.degraded:.1%} "
+            f"speed, and each failure stops it twice (drop the copy, take it back)")
+
+
+def _cheapest_line(plan: Plan) -> str:
+    best, saving = cheapest(plan)
+    if saving <= 0:
+        return "Cheapest way to survive failures here: checkpoint-restart; no live policy saves money."
+    return (f"Cheapest way to survive failures here: {best}, saving {fmt_usd(saving)}/yr against "
+            f"checkpoint-restart.")
 
 
 def render(plan: Plan, rate_label: str, drv: list[Driver]) -> str:
@@ -257,14 +338,7 @@ def render(plan: Plan, rate_label: str, drv: list[Driver]) -> str:
         f"  expected failures in {run}          {plan.expected_failures:>10.2f}",
         f"  job MTBF                           {fmt_duration(plan.mtbf):>10}",
         "",
-        f"  {'':<30}{'checkpoint-restart':>20}{'live failover':>20}",
-        f"  {'goodput':<30}{_pct(cr.goodput):>20}{_pct(hs.goodput):>20}",
-        f"  {'checkpoint interval':<30}{fmt_duration(cr.interval):>20}{fmt_duration(hs.interval):>20}",
-        f"  {'GPU-hours wasted / run':<30}{cr.wasted_gpu_hours_run:>20,.0f}{hs.wasted_gpu_hours_run:>20,.0f}",
-        f"  {'GPU-hours wasted / year':<30}{cr.wasted_gpu_hours_year:>20,.0f}{hs.wasted_gpu_hours_year:>20,.0f}",
-        f"  {'USD wasted / year':<30}{fmt_usd(cr.wasted_usd_year):>20}{fmt_usd(hs.wasted_usd_year):>20}",
-        f"  {'idle warm spares / year':<30}{'-':>20}{fmt_usd(plan.spare_cost_usd_year):>20}",
-        f"  {'net saving / year':<30}{'':>20}{fmt_usd(plan.net_saving_usd_year):>20}",
+        *_policy_table(plan),
         "",
         *_wrap(f"intervals: checkpoint-restart {cr.interval_rule}; live failover {hs.interval_rule}"
                f"; its checkpoints only cover the {inp.fallback:.1%} of failures that fall back"),
@@ -274,8 +348,11 @@ def render(plan: Plan, rate_label: str, drv: list[Driver]) -> str:
         *_wrap(f"break-even overhead: live failover pays while its steady-state overhead stays below "
                f"{plan.break_even_overhead:.2%} (assumed {inp.overhead:.2%})"
                + ("; it cannot pay even at zero overhead" if plan.break_even_overhead <= 0 else "")),
+        *_wrap(_borrow_line(plan)),
+        *_wrap(_shrink_line(plan)),
         "",
         *textwrap.wrap(verdict(plan), 100),
+        *textwrap.wrap(_cheapest_line(plan), 100),
         "",
         "What drives the answer (net saving per year with one input halved, then doubled):",
         *[_driver_line(d) for d in drv[:6]],
@@ -284,24 +361,30 @@ def render(plan: Plan, rate_label: str, drv: list[Driver]) -> str:
         f"{fmt_duration(inp.detect)}, restart {fmt_duration(inp.restart)}, live downtime "
         f"{fmt_duration(inp.downtime)}, overhead {inp.overhead:.2%}, fallback {inp.fallback:.1%}, "
         f"repair {fmt_duration(inp.repair)}, cold start {fmt_duration(inp.cold_start)}.", 100),
-        "Model: Poisson failures; exact renewal goodput (Daly 2006) for both policies; see docs/ECONOMICS.md.",
+        "Model: Poisson failures; exact renewal goodput (Daly 2006) for every policy; see docs/ECONOMICS.md.",
     ]
     return "\n".join(lines)
 
 
 def render_table(rows: list[tuple[str, Plan]]) -> str:
-    head = (f"{'rate':<13}{'GPUs':>7}{'P(fail)':>9}{'fails':>8}{'MTBF':>9}{'ckpt tau':>10}{'G ckpt':>9}"
-            f"{'G live':>9}{'spares':>7}{'saving/yr':>11}{'o_s max':>9}")
+    head = (f"{'rate':<12}{'GPUs':>7}{'fails':>7}{'MTBF':>9}{'G ckpt':>8}{'G ded':>8}{'G borr':>8}"
+            f"{'G shr':>8}{'spares':>7}{'net ded':>10}{'net borr':>10}{'net shr':>10}  cheapest")
     lines = [head, "-" * len(head)]
     for label, p in rows:
+        sh = p.shrunk
         lines.append(
-            f"{label:<13}{p.inputs.gpus:>7,}{_pct(p.p_any_failure, 1):>9}{p.expected_failures:>8.1f}"
-            f"{fmt_duration(p.mtbf):>9}{fmt_duration(p.checkpoint.interval):>10}"
-            f"{_pct(p.checkpoint.goodput, 1):>9}{_pct(p.hotspare.goodput, 1):>9}{p.spares:>7}"
-            f"{fmt_usd(p.net_saving_usd_year):>11}{p.break_even_overhead:>9.1%}")
+            f"{label:<12}{p.inputs.gpus:>7,}{p.expected_failures:>7.1f}{fmt_duration(p.mtbf):>9}"
+            f"{_pct(p.checkpoint.goodput, 1):>8}{_pct(p.hotspare.goodput, 1):>8}"
+            f"{_pct(p.borrowed.outcome.goodput, 1):>8}{_pct(sh.outcome.goodput, 1) if sh else '-':>8}"
+            f"{p.spares:>7}{fmt_usd(p.net_saving_usd_year):>10}{fmt_usd(p.borrowed.net_saving_usd_year):>10}"
+            f"{fmt_usd(sh.net_saving_usd_year) if sh else '-':>10}  {cheapest(p)[0]}")
     inp = rows[0][1].inputs
-    lines += ["", f"{inp.days:g}-day run at ${inp.price:.2f}/GPU-hour; P(fail): at least one failure in the "
-              f"run; G: goodput; o_s max: break-even overhead. One job: drop the commas for details."]
+    lines += ["", *textwrap.wrap(
+        f"{inp.days:g}-day run at ${inp.price:.2f}/GPU-hour; fails: expected failures in the run; G: goodput "
+        f"under checkpoint-restart, dedicated idle spares, spares borrowed from preemptible work "
+        f"({inp.lendable_share:.0%} of the job), and shrinking ({inp.replica_nodes} nodes per copy); "
+        f"net: yearly saving against checkpoint-restart after spares or lenders. One job: drop the "
+        f"commas for details.", 100)]
     return "\n".join(lines)
 
 
@@ -324,6 +407,9 @@ examples:
       your checkpoint setup against live failover on 2,048 GPUs
   hotspare plan --gpus 1024,2048,16384 --preset afr-1pct,llama3-405b,meta-rsc1
       one line per combination: the worked example of docs/ECONOMICS.md
+  hotspare plan --gpus 2048 --lendable 1% --lender-nodes 8 --replica-nodes 1
+      dedicated spares, spares borrowed from scarce 8-node preemptible jobs, or shrinking
+      one node at a time: which is cheapest
 
 Durations take a unit (90s, 2m, 1.5h, 3d); fractions take 1% or 0.01. Goodput is the share of
 wall-clock time that becomes training progress that is never thrown away. The model, its

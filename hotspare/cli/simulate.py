@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hotspare.cli.plan import (OPTIONS as PLAN_OPTIONS, Option, add_options, convert,
                                describe_rate, gather, job_fields, plan_json, rates, values)
+from hotspare.cli.simulate_sharded import DESTS as SHARDED_DESTS, SHARDED_OPTIONS, requested, run_sharded
 from hotspare.errors import ConfigError
 from hotspare.sim.presets import DEFAULT_MIX, FailureKind, shares
 from hotspare.sim.units import fmt_duration, fmt_usd, parse_duration
@@ -46,14 +47,11 @@ OPTIONS = [o for o in PLAN_OPTIONS if o.dest not in _OVERRIDES] + [
     Option("--seed", "int", "S", "first random seed, for reproducible numbers (default 0)", FLEET),
     Option("--mix", "text", "KIND=W,...", _mix_help(), FLEET),
     Option("--rack-nodes", "int", "N", "nodes one rack-wide (correlated) event takes out (default 4)", FLEET),
-    Option("--replica-nodes", "int", "N", "nodes that hold one full copy of the training state, "
-           "e.g. 16 for TP8 x PP16 on 8-GPU nodes; the job has nodes / N copies, and a failure is "
-           "recovered from memory while another copy of each lost shard survives (default 16)", FLEET),
     Option("--placement", "text", "HOW", "'spread': copies of a shard sit replica-nodes apart, so a "
            "rack-wide event hits different shards; 'packed': copies sit on adjacent nodes and can "
            "share a rack (default spread)", FLEET),
-]
-_NOT_FLEET_FIELDS = ("gpus", "preset", "afr", "seeds", "seed", "mix", *_OVERRIDES)
+] + SHARDED_OPTIONS
+_NOT_FLEET_FIELDS = ("gpus", "preset", "afr", "seeds", "seed", "mix", *_OVERRIDES, *SHARDED_DESTS)
 
 
 def parse_mix(spec) -> tuple[FailureKind, ...]:
@@ -129,37 +127,60 @@ def _ci(stat: dict, fmt) -> str:
     return f"{fmt(stat['mean'])} ± {fmt(stat['ci'])}"
 
 
+_POLICIES = (("checkpoint", "checkpoint-restart"), ("hotspare", "dedicated spares"),
+             ("borrow", "borrowed"), ("shrink", "shrink"))
+
+
 def render(cfg, label: str, result) -> str:
     s, plan = result.summary(), result.plan
-    cr, hs = s["checkpoint"], s["hotspare"]
     pct = lambda x: f"{100 * x:.2f}%"      # noqa: E731
     num = lambda x: f"{x:,.1f}"            # noqa: E731
     big = lambda x: f"{x:,.0f}"            # noqa: E731
     copies = cfg.nodes // cfg.replica_nodes
+    shown = [(key, name) for key, name in _POLICIES if key in s]
+    closed = {"checkpoint": plan.checkpoint, "hotspare": plan.hotspare, "borrow": plan.borrowed.outcome,
+              "shrink": plan.shrunk.outcome if plan.shrunk else None}
+
+    def each(stat_key: str, fmt, live_only: bool = False) -> list[str]:
+        return ["-" if live_only and key == "checkpoint" else _ci(s[key][stat_key], fmt) for key, _ in shown]
     rows = [
-        ("goodput", _ci(cr["goodput"], pct), _ci(hs["goodput"], pct)),
-        ("  closed form (hotspare plan)", pct(plan.checkpoint.goodput), pct(plan.hotspare.goodput)),
-        ("failures / run", _ci(cr["failures"], num), "same failures"),
-        ("hours down / run", _ci(cr["downtime_hours"], num), _ci(hs["downtime_hours"], num)),
-        ("recomputed GPU-hours / run", _ci(cr["recomputed_gpu_hours"], big), _ci(hs["recomputed_gpu_hours"], big)),
-        ("USD wasted / run", _ci(cr["wasted_usd_run"], fmt_usd), _ci(hs["wasted_usd_run"], fmt_usd)),
-        ("USD wasted / year", _ci(cr["wasted_usd_year"], fmt_usd), _ci(hs["wasted_usd_year"], fmt_usd)),
-        ("idle warm spares / run", "-", fmt_usd(s["spare_cost_usd_run"])),
-        ("recovered, no step lost", pct(cr["zero_loss_share"]), pct(hs["zero_loss_share"])),
-        ("spare pool short / run", "-", _ci(hs["pool_short_events"], lambda x: f"{x:.2f}")),
+        ("goodput", each("goodput", pct)),
+        ("  closed form (hotspare plan)", [pct(closed[key].goodput) for key, _ in shown]),
+        ("failures / run", [_ci(s["checkpoint"]["failures"], num)] + ["same failures"] * (len(shown) - 1)),
+        ("hours down / run", each("downtime_hours", num)),
+        ("recomputed GPU-hours / run", each("recomputed_gpu_hours", big)),
+        ("USD wasted / year", each("wasted_usd_year", fmt_usd)),
+        ("spares or lenders / year", each("cost_usd_year", fmt_usd, live_only=True)),
+        ("net saving / year", each("net_saving_usd_year", fmt_usd, live_only=True)),
+        ("  closed form (hotspare plan)", ["-", fmt_usd(plan.net_saving_usd_year),
+                                           fmt_usd(plan.borrowed.net_saving_usd_year)]
+         + ([fmt_usd(plan.shrunk.net_saving_usd_year)] if plan.shrunk else [])),
+        ("recovered, no step lost", [pct(s[key]["zero_loss_share"]) for key, _ in shown]),
+        ("spare pool short / run", each("pool_short_events", lambda x: f"{x:.2f}", live_only=True)),
     ]
-    paths = ", ".join(f"{k} {v:,}" for k, v in sorted(hs["paths"].items()))
+    paths = "; ".join(f"{name}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(s[key]["paths"].items()))
+                      for key, name in shown[1:])
+    notes = [f"dedicated spares: {result.spares} idle warm spare node(s)",
+             f"borrowed: {result.lendable} node(s) of preemptible work to borrow from, lenders lose "
+             f"{_ci(s['borrow']['lender_gpu_hours_year'], big)} GPU-hours/yr (closed form "
+             f"{plan.borrowed.lender_gpu_hours_year:,.0f})" if "borrow" in s else ""]
+    if "shrink" in s:
+        notes.append(f"shrink: {_ci(s['shrink']['degraded'], pct)} of the copies down for repair on "
+                     f"average (closed form {pct(plan.shrunk.degraded)})")
+    else:
+        notes.append("shrink: not possible with one copy of the state")
     lines = [
         f"hotspare simulate: {cfg.gpus:,} GPUs ({cfg.nodes:,} nodes, {copies} copies of the state, "
         f"{cfg.placement}) for {cfg.days:g} days, {s['seeds']} seeds",
         *textwrap.wrap(f"failure rate {cfg.afr:.2%}/GPU-year ({describe_rate(label)}); "
-                       f"{result.spares} warm spare nodes; ${cfg.price:.2f}/GPU-hour", 100),
+                       f"${cfg.price:.2f}/GPU-hour; live failover with dedicated spares, borrowed "
+                       f"ones, or shrinking", 100),
         "",
-        f"  {'':<30}{'checkpoint-restart':>24}{'live failover':>24}",
-        *[f"  {name:<30}{a:>24}{b:>24}" for name, a, b in rows],
+        f"  {'':<28}" + "".join(f"{name:>19}" for _, name in shown),
+        *[f"  {name:<28}" + "".join(f"{c:>19}" for c in cells) for name, cells in rows],
         "",
-        f"  net saving / year: {_ci(s['net_saving_usd_year'], fmt_usd)} (closed form: "
-        f"{fmt_usd(plan.net_saving_usd_year)})",
+        *[line for note in notes if note for line in textwrap.wrap(
+            note, 100, initial_indent="  ", subsequent_indent="    ")],
         *textwrap.wrap(f"live-failover recovery paths over all seeds (from plan_recovery): {paths}",
                        100, initial_indent="  ", subsequent_indent="    "),
         "",
@@ -175,11 +196,14 @@ def render(cfg, label: str, result) -> str:
 EPILOG = """\
 examples:
   hotspare simulate --gpus 16384 --days 30 --preset llama3-405b
-      a Llama-3-sized job for a month, 20 seeds, both policies, in well under a second
+      a Llama-3-sized job for a month, 20 seeds, every policy, in about a second
   hotspare simulate --gpus 2048 --days 365 --preset llama3-405b --plot docs/economics-example.png
       a year on 2,048 GPUs, and the figure of docs/ECONOMICS.md
   hotspare simulate --gpus 1024 --replica-nodes 64 --placement packed --mix network=1
       only two copies of the state, packed into racks: watch rack-wide events force fallbacks
+  hotspare simulate --gpus 2048 --days 365 --sharded fsdp --buddy-jump 4
+      an FSDP job with buddy snapshots a rack away: the share of failures that fall back to a
+      checkpoint, and which simultaneous losses recover from memory
 
 Every failure of the live-failover replay is decided by the coordinator's own recovery policy
 (hotspare.policy.recovery.plan_recovery): from memory when a copy of each lost shard survives,
@@ -209,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg, label, seeds, seed = build(args)
+        sharded = requested(args, OPTIONS)
+        if sharded is not None:
+            return run_sharded(cfg, label, seeds, seed, sharded, args.json)
         sizes = _plot_sizes(args.plot_sizes, cfg) if args.plot else []
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise ConfigError("--plot needs matplotlib (pip install matplotlib)")

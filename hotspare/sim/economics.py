@@ -11,6 +11,10 @@ Accounting choices, stated because they move the answer:
   restarts (that delay is part of R), so it is not charged for reserving any.
 - Live failover still checkpoints, for the failures that leave no in-memory copy; its default
   interval is the optimum for that (much lower) fallback rate.
+- Live failover gets its replacements one of three ways (``pool``): dedicated warm spares
+  (charged as above), nodes borrowed from lower-priority work (charged the GPU-hours the lenders
+  lose, at ``lender_value`` × price), or none: shrinking, charged only through its own lower
+  throughput. All three share the same checkpoint interval and overhead.
 - "optimal" intervals are Daly's, capped at 24 h: teams keep at least a daily checkpoint for
   reasons this model does not price (code changes, evaluation, disasters).
 """
@@ -22,8 +26,9 @@ from typing import Callable
 
 from hotspare.errors import ConfigError
 from hotspare.sim import failure_math as fm
+from hotspare.sim import pool
 from hotspare.sim.presets import (DEFAULT_MIX, DEFAULT_PRESET, DEFAULT_RACK_NODES, HOURS_PER_YEAR,
-                                  PRESETS, mix_mean, node_hours_per_failure)
+                                  PRESETS, mix_mean, node_hours_per_failure, nodes_per_failure)
 from hotspare.sim.units import fmt_duration
 
 MAX_INTERVAL_H = 24.0
@@ -51,6 +56,19 @@ class JobInputs:
     hotspare_interval: float | None = None
     spares: int | None = None                            # warm spare nodes; None: enough for ≤1% empty
     cold_start: float = 0.25
+    replica_nodes: int = 16                              # nodes holding one copy of the state
+    # Borrowing from lower-priority work and shrinking (see ``pool``; defaults argued in
+    # docs/ECONOMICS.md, "Spares from the shared pool").
+    lendable_share: float = 0.10                         # preemptible nodes, as a share of the job's
+    lend_pause: float = 30 / 3600                        # lender stops and parks its state
+    lend_resume: float = 5 / 60                          # lender starts again once handed back
+    lender_nodes: int = 1                                # size of a lending job
+    lender: str = "pause"                                # "pause" or "shrink" (an elastic lender)
+    lender_value: float = 1.0                            # a lender GPU-hour, as a share of the price
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node
 
     def validate(self) -> None:
         """Raise ConfigError naming the first impossible input and how to fix it."""
@@ -85,6 +103,15 @@ class JobInputs:
                  f"({fmt_duration(self.step)})")
         need(self.spares is None or (isinstance(self.spares, int) and self.spares >= 0),
              f"spares must be a whole number of nodes >= 0 or 'auto' (got {self.spares})")
+        need(isinstance(self.replica_nodes, int) and self.replica_nodes >= 1,
+             f"replica-nodes must be a whole number of at least 1 (got {self.replica_nodes})")
+        need(0 <= self.lendable_share, f"lendable must be >= 0 (got {self.lendable_share:.1%})")
+        need(self.lend_pause >= 0 and self.lend_resume >= 0, "lend-pause and lend-resume must be >= 0")
+        need(isinstance(self.lender_nodes, int) and self.lender_nodes >= 1,
+             f"lender-nodes must be a whole number of at least 1 (got {self.lender_nodes})")
+        need(self.lender in pool.LENDERS,
+             f"lender must be one of {', '.join(pool.LENDERS)} (got {self.lender!r})")
+        need(self.lender_value >= 0, f"lender-value must be >= 0 (got {self.lender_value})")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,6 +121,18 @@ class PlanInputs(JobInputs):
     detect: float = mix_mean(DEFAULT_MIX, "detect_h")
     fallback: float = mix_mean(DEFAULT_MIX, "destroys_state")   # p_f
     repair: float = node_hours_per_failure(DEFAULT_MIX, DEFAULT_RACK_NODES)  # node-hours out per failure
+    nodes_hit: float = nodes_per_failure(DEFAULT_MIX, DEFAULT_RACK_NODES)    # nodes lost per failure
+    # Per failure, over failures that keep their state (the ones a replacement is borrowed for):
+    # nodes replaced and node-hours until repaired. None: (1 − fallback) × nodes_hit and × repair,
+    # exact when state loss does not depend on the kind of failure; the simulator passes the mix's.
+    kept_nodes: float | None = None
+    kept_node_hours: float | None = None
+    # Mean nodes in repair over the run, as a share of the steady state (the run starts with none).
+    # None: ``pool.warmup`` for one mean repair time; the simulator passes the mix's, kind by kind.
+    repair_warmup: float | None = None
+    # Copy-hours out per failure, for shrinking: a failure that takes several nodes of one copy
+    # takes that copy once. None: ``repair``, as if every lost node were in a different copy.
+    copy_hours: float | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -101,6 +140,8 @@ class PlanInputs(JobInputs):
             raise ConfigError("detect and repair must be >= 0")
         if not 0 <= self.fallback <= 1:
             raise ConfigError(f"fallback must be in [0, 100%] (got {self.fallback:.2%})")
+        if self.nodes_hit < 1:
+            raise ConfigError("nodes_hit must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +154,26 @@ class Outcome:
     wasted_gpu_hours_year: float
     wasted_usd_run: float
     wasted_usd_year: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Borrowed:
+    """Live failover with replacements borrowed from lower-priority work (``pool``, "borrow")."""
+    outcome: Outcome
+    lendable: int                  # nodes of preemptible work the job may borrow
+    no_lender: float               # share of failures that find nothing to borrow (Erlang B)
+    lender_gpu_hours_year: float   # lower-priority work lost to pauses, holds and resumes
+    lender_cost_usd_year: float
+    net_saving_usd_year: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Shrunk:
+    """Live failover with no replacement: train on the surviving copies (``pool``, "shrink")."""
+    outcome: Outcome
+    copies: int
+    degraded: float                # mean share of copies down for repair
+    net_saving_usd_year: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +192,8 @@ class Plan:
     net_saving_usd_run: float
     net_saving_usd_year: float
     break_even_overhead: float   # overhead above which live failover stops paying (< 0: never pays)
+    borrowed: Borrowed
+    shrunk: Shrunk | None        # None: fewer than two copies of the state, nothing to shrink to
 
 
 def resolve_interval(given: float | None, stall: float, mtbf: float) -> tuple[float, str]:
@@ -183,7 +246,65 @@ def evaluate(inp: PlanInputs) -> Plan:
                 spare_run, spare_year,
                 cr.wasted_usd_run - hs.wasted_usd_run - spare_run,
                 cr.wasted_usd_year - hs.wasted_usd_year - spare_year,
-                break_even)
+                break_even, _borrowed(inp, lam, restart, tau_p, rule_p, cr),
+                _shrunk(inp, lam, restart, tau_p, rule_p, cr))
+
+
+def _borrowed(inp: PlanInputs, lam: float, restart: float, tau: float, rule: str, cr: Outcome) -> Borrowed:
+    """The lendable nodes are the pool (Erlang B again, since a borrowed node is held for the
+    repair like a spare); every live recovery also waits out the lender's pause."""
+    lendable = pool.lendable_nodes(inp.lendable_share, inp.nodes)
+    no_lender = fm.pool_empty_probability(lam, inp.repair, lendable)
+    down = inp.detect + pool.expected_delay("borrow", no_lender, downtime=inp.downtime,
+                                            lend_pause=inp.lend_pause, cold_start=inp.cold_start)
+    out = _outcome(inp, fm.live_goodput(lam, inp.fallback, down, inp.step, tau, inp.stall, restart,
+                                        inp.overhead), tau, rule)
+    # lender_gpu_hours is linear in (nodes, nodes × hold), so its mean is exact from the means.
+    kept_nodes = (1.0 - inp.fallback) * inp.nodes_hit if inp.kept_nodes is None else inp.kept_nodes
+    kept_hours = (1.0 - inp.fallback) * inp.repair if inp.kept_node_hours is None else inp.kept_node_hours
+    per_failure = pool.lender_gpu_hours(kept_nodes, kept_hours / kept_nodes if kept_nodes else 0.0,
+                                        gpus_per_node=inp.gpus_per_node, lender_nodes=inp.lender_nodes,
+                                        lender=inp.lender, lend_pause=inp.lend_pause,
+                                        lend_resume=inp.lend_resume)
+    lender_year = lam * (1.0 - no_lender) * per_failure * HOURS_PER_YEAR
+    lender_usd = lender_year * inp.price * inp.lender_value
+    return Borrowed(out, lendable, no_lender, lender_year, lender_usd,
+                    cr.wasted_usd_year - out.wasted_usd_year - lender_usd)
+
+
+def _shrunk(inp: PlanInputs, lam: float, restart: float, tau: float, rule: str,
+            cr: Outcome) -> Shrunk | None:
+    """Stop to drop the broken copy (detect + downtime), train on the rest while the node is in
+    repair, stop again (downtime) to take it back.
+
+    While shrunk the job progresses at ρ = 1 − degraded of full speed. Measured in progress rather
+    than wall time, that is a job at full speed whose failures come Λ/ρ per hour and whose stops
+    (recovery, restart) last ρ times as long; its wall-clock goodput is ρ times that job's. The
+    checkpoint stall is slowed with the job, as the simulator's clock does (``clock``)."""
+    n_copies = pool.copies(inp.nodes, inp.replica_nodes)
+    if n_copies < 2:
+        return None
+    # The run starts with no node in repair; over a run a few repair times long that matters.
+    warm = (pool.warmup(inp.days * 24.0, inp.repair / inp.nodes_hit) if inp.repair_warmup is None
+            else inp.repair_warmup)
+    mean_out = lam * (inp.repair if inp.copy_hours is None else inp.copy_hours) * warm
+    degraded = pool.degraded_share(mean_out, n_copies)
+    rho = 1.0 - degraded
+    down = inp.detect + pool.expected_delay("shrink", 0.0, downtime=inp.downtime,
+                                            lend_pause=inp.lend_pause, cold_start=inp.cold_start)
+    live = rho * fm.live_goodput(lam / rho, inp.fallback, down * rho, inp.step, tau, inp.stall,
+                                 restart * rho, inp.overhead)
+    out = _outcome(inp, live * pool.regrow_factor(lam, degraded, inp.downtime), tau, rule)
+    return Shrunk(out, n_copies, degraded, cr.wasted_usd_year - out.wasted_usd_year)
+
+
+def cheapest(plan: Plan) -> tuple[str, float]:
+    """The policy with the largest yearly net saving against checkpoint-restart (which saves 0)."""
+    options = [("checkpoint-restart", 0.0), ("dedicated spares", plan.net_saving_usd_year),
+               ("borrowed", plan.borrowed.net_saving_usd_year)]
+    if plan.shrunk is not None:
+        options.append(("shrink", plan.shrunk.net_saving_usd_year))
+    return max(options, key=lambda o: o[1])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Discrete-event fleet simulator: replay a year of failures against both recovery policies.
+"""Discrete-event fleet simulator: replay a year of failures against every recovery policy.
 
 What the closed form cannot see, the simulator plays out failure by failure: per-kind detection
 and repair times, rack-wide events, a finite warm-spare pool that empties when repairs are slow,
@@ -8,18 +8,20 @@ How it stays honest and fast:
 - The hotspare policy does not re-implement recovery: every failure is put to
   ``hotspare.policy.recovery.plan_recovery``, the coordinator's own decision, with the lost
   nodes, the surviving replicas of each lost shard and the warm spares left. Its answer
-  ("memory", "wait" or "checkpoint") sets what the failure costs.
+  ("memory", "wait" or "checkpoint") sets what the failure costs, priced per policy by
+  ``pool.delay`` (dedicated spares, borrowed ones, or shrinking; see ``pool``).
 - Failures are drawn up front with numpy (Poisson counts, uniform times, kinds by share) and the
   event loop only visits failures; checkpoints, steps and repairs are closed-form between them.
-- Each seed replays the *same* failure trace under both policies (common random numbers), so
-  the saving between them has a much tighter interval than either goodput alone.
+- Each seed replays the *same* failure trace under every policy (common random numbers), so
+  the savings between them have much tighter intervals than any goodput alone.
 
 Model, in the renewal terms of ``failure_math`` (so the two can be checked against each other):
 the job runs in segments of ``interval`` compute + ``stall``; a failure stops it, is noticed
 after the kind's detection latency, and then either resumes from memory after ``downtime`` (the
 step in flight is redone) or rolls back to the last completed checkpoint and pays ``restart``.
 A failure during a recovery joins it (a checkpoint restart starts over). A node counts as one
-member: its 8 GPUs fail, move and are spared together.
+member: its 8 GPUs fail, move and are spared together. A shrinking job's progress follows
+``clock.shrink_clock`` instead of the wall clock.
 """
 from __future__ import annotations
 
@@ -34,15 +36,18 @@ import numpy as np
 from hotspare.errors import ConfigError
 from hotspare.policy.recovery import plan_recovery
 from hotspare.sim import failure_math as fm
+from hotspare.sim import pool as pool_model
+from hotspare.sim.clock import Clock, shrink_clock
 from hotspare.sim.economics import POOL_EMPTY_TARGET, JobInputs, Plan, PlanInputs, evaluate
 from hotspare.sim.presets import (DEFAULT_MIX, DEFAULT_RACK_NODES, HOURS_PER_YEAR, FailureKind,
-                                  mix_mean, node_hours_per_failure, shares)
+                                  kept_state_exposure, mix_mean, node_hours_per_failure,
+                                  nodes_per_failure, shares)
 from hotspare.sim.stats import mean_ci
 
 PLACEMENTS = ("spread", "packed")
 # Every survivor of a shard holds the same committed step, so the decision needs only some of
 # them; capping what we pass keeps pure data-parallel fleets (thousands of copies) fast.
-MAX_SURVIVORS_PASSED = 64
+MAX_SURVIVORS_PASSED = 2
 _SEVERITY = {"memory": 0, "wait": 1, "checkpoint": 2}
 
 
@@ -58,12 +63,7 @@ class FleetConfig(JobInputs):
     """
     mix: tuple[FailureKind, ...] = DEFAULT_MIX
     rack_nodes: int = DEFAULT_RACK_NODES
-    replica_nodes: int = 16
     placement: str = "spread"
-
-    @property
-    def nodes(self) -> int:
-        return self.gpus // self.gpus_per_node
 
     def validate(self) -> None:
         super().validate()
@@ -94,7 +94,32 @@ class FleetConfig(JobInputs):
         common = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobInputs)}
         return PlanInputs(**common, detect=mix_mean(self.mix, "detect_h"),
                           fallback=mix_mean(self.mix, "destroys_state"),
-                          repair=node_hours_per_failure(self.mix, self.rack_nodes))
+                          repair=node_hours_per_failure(self.mix, self.rack_nodes),
+                          nodes_hit=nodes_per_failure(self.mix, self.rack_nodes),
+                          **dict(zip(("kept_nodes", "kept_node_hours"),
+                                     kept_state_exposure(self.mix, self.rack_nodes))),
+                          repair_warmup=self.repair_warmup(), copy_hours=self.copy_hours())
+
+    def copy_hours(self) -> float:
+        """Copy-hours out per failure: a rack-wide event takes each copy that has a node in the
+        rack once (with ``spread`` placement a rack's nodes mostly share one copy)."""
+        shards = _Shards(self)
+        starts = range(0, self.nodes, self.rack_nodes)
+        distinct = sum(len({shards.copy_of(n) for n in range(a, min(a + self.rack_nodes, self.nodes))})
+                       for a in starts) / len(starts)
+        return sum(s * k.repair_h * (1.0 + k.correlated * (distinct - 1))
+                   for s, k in zip(shares(self.mix), self.mix))
+
+    def repair_warmup(self) -> float:
+        """Mean nodes in repair over the run as a share of the steady state, kind by kind (each
+        kind's repairs are exponential with its own mean, as ``_draw`` draws them)."""
+        load = [s * k.repair_h * (1.0 + k.correlated * (self.rack_nodes - 1))
+                for s, k in zip(shares(self.mix), self.mix)]
+        total = sum(load)
+        if total <= 0.0:
+            return 1.0
+        horizon = self.days * 24.0
+        return sum(w * pool_model.warmup(horizon, k.repair_h) for w, k in zip(load, self.mix)) / total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +160,11 @@ class Run:
     recomputed: float      # hours of computed work thrown away (x GPUs for GPU-hours)
     failures: int
     zero_loss: int         # failures recovered without losing a committed step
-    pool_short: int        # failures that found too few warm spares (hotspare only)
+    pool_short: int        # failures that found too few warm spares or lenders (live policies)
     paths: dict[str, int]  # recovery path decided per failure
     useful_curve: tuple[tuple[float, float], ...]   # (hour, useful hours so far); empty unless asked
+    lender_gpu_hours: float = 0.0   # lower-priority work lost to lending ("borrow" only)
+    degraded: float = 0.0           # mean share of copies down while shrunk ("shrink" only)
 
 
 class _Shards:
@@ -150,6 +177,10 @@ class _Shards:
 
     def of(self, node: int) -> int:
         return node % self.per_copy if self.spread else node // self.copies
+
+    def copy_of(self, node: int) -> int:
+        """Which copy of the state (data-parallel replica) the node belongs to."""
+        return node // self.per_copy if self.spread else node % self.copies
 
     def replicas(self, shard: int):
         if self.spread:
@@ -196,12 +227,18 @@ class _Incident:
     down: set = dataclasses.field(default_factory=set)   # nodes lost in this incident
 
 
-def _replay(cfg: FleetConfig, tr: _Trace, hotspare: bool, interval: float, spares: int,
-            record: bool) -> Run:
+def _replay(cfg: FleetConfig, tr: _Trace, policy: str, interval: float, spares: int,
+            record: bool, clock: Clock | None = None) -> Run:
+    """One policy over one trace: "checkpoint", or live failover with "dedicated" spares (a pool
+    of ``spares``), "borrow" (a pool of ``spares`` lendable nodes) or "shrink" (no pool; progress
+    follows ``clock``)."""
     horizon = cfg.days * 24.0
     seg = interval + cfg.stall
+    hotspare = policy != "checkpoint"
     overhead = cfg.overhead if hotspare else 0.0
     shards = _Shards(cfg)
+    elapsed = clock if clock is not None else (lambda t: t)
+    lender = 0.0
 
     def done(pos: float) -> float:          # compute hours completed at segment position ``pos``
         k = math.floor(pos / seg)
@@ -231,7 +268,7 @@ def _replay(cfg: FleetConfig, tr: _Trace, hotspare: bool, interval: float, spare
         if inc is not None and t >= inc.until:
             close(inc.until)
         if inc is None:                     # the job was training: stop it here
-            pos = resume_pos + (t - resume_t)
+            pos = resume_pos + elapsed(t) - elapsed(resume_t)
             compute += done(pos) - done(resume_pos)
             in_segment = pos - math.floor(pos / seg) * seg
             since_ckpt = min(in_segment, interval)
@@ -249,9 +286,17 @@ def _replay(cfg: FleetConfig, tr: _Trace, hotspare: bool, interval: float, spare
             for node in nodes:
                 heapq.heappush(repairs, t + repair)
             inc.down.update(nodes)
-            path, warm, start = _hotspare_decision(nodes, destroyed, inc.down, pool, inc.starting,
+            # Shrinking replaces nobody: the lost ranks are dropped, so plan_recovery is asked
+            # only whether a copy of their state survives (spares = as many as were lost).
+            offer = len(nodes) if policy == "shrink" else pool
+            path, warm, start = _hotspare_decision(nodes, destroyed, inc.down, offer, inc.starting,
                                                    int((compute - lost) / cfg.step), inc.ckpt_step, shards)
-            pool -= warm
+            if policy != "shrink":
+                pool -= warm
+            if policy == "borrow" and warm:
+                lender += pool_model.lender_gpu_hours(
+                    warm, repair, gpus_per_node=cfg.gpus_per_node, lender_nodes=cfg.lender_nodes,
+                    lender=cfg.lender, lend_pause=cfg.lend_pause, lend_resume=cfg.lend_resume)
             inc.starting += start
             pool_short += path == "wait"
         else:
@@ -266,13 +311,14 @@ def _replay(cfg: FleetConfig, tr: _Trace, hotspare: bool, interval: float, spare
                 inc.lost = min(inflight * cfg.step, inc.since_ckpt)   # redo the step in flight
             if path == "wait":
                 inc.path = "wait"
-            end = t + detect + (cfg.cold_start if path == "wait" else 0.0) + cfg.downtime
+            end = t + detect + pool_model.delay(policy, path, downtime=cfg.downtime,
+                                                lend_pause=cfg.lend_pause, cold_start=cfg.cold_start)
         inc.until = max(inc.until, end)
 
     if inc is not None and inc.until <= horizon:
         close(inc.until)
     if inc is None:
-        compute += done(resume_pos + horizon - resume_t) - done(resume_pos)
+        compute += done(resume_pos + elapsed(horizon) - elapsed(resume_t)) - done(resume_pos)
     else:                                   # still down when the run ends
         downtime += horizon - inc.start
         lost += inc.lost
@@ -280,7 +326,11 @@ def _replay(cfg: FleetConfig, tr: _Trace, hotspare: bool, interval: float, spare
     useful = (compute - lost) * (1.0 - overhead)
     if record:
         curve.append((horizon, useful))
-    return Run(useful / horizon, downtime, lost, failures, zero_loss, pool_short, dict(paths), tuple(curve))
+    return Run(useful / horizon, downtime, lost, failures, zero_loss, pool_short, dict(paths), tuple(curve),
+               lender, clock.degraded if clock is not None else 0.0)
+
+
+LIVE = ("hotspare", "borrow", "shrink")   # summary keys: dedicated spares, borrowed, shrink
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,10 +339,15 @@ class FleetResult:
     plan: Plan                      # the closed form for the same inputs (see plan_inputs)
     spares: int
     checkpoint: list[Run]
-    hotspare: list[Run]
+    hotspare: list[Run]             # live failover with dedicated idle spares
+    borrow: list[Run] = ()          # with replacements borrowed from ``lendable`` preemptible nodes
+    shrink: list[Run] = ()          # with none, shrinking; empty when the job has one copy
+    lendable: int = 0
 
     def summary(self, level: float = 0.95) -> dict:
-        """Means with ``level`` confidence half-widths over seeds, per policy and for the saving."""
+        """Means with ``level`` confidence half-widths over seeds, per policy and for the saving
+        of each live policy against checkpoint-restart on the same failures (after paying idle
+        spares, or the lenders' lost work)."""
         cfg, horizon = self.config, self.config.days * 24.0
         year = HOURS_PER_YEAR / horizon
         spare_cost_run = self.spares * cfg.gpus_per_node * horizon * cfg.price
@@ -304,8 +359,15 @@ class FleetResult:
         def waste_usd(run: Run) -> float:
             return (1.0 - run.goodput) * cfg.gpus * horizon * cfg.price
 
-        out: dict = {"seeds": len(self.checkpoint), "level": level, "spares": self.spares}
-        for name, runs in (("checkpoint", self.checkpoint), ("hotspare", self.hotspare)):
+        extra_cost = {"checkpoint": lambda r: 0.0, "hotspare": lambda r: spare_cost_run,
+                      "borrow": lambda r: r.lender_gpu_hours * cfg.price * cfg.lender_value,
+                      "shrink": lambda r: 0.0}
+        out: dict = {"seeds": len(self.checkpoint), "level": level, "spares": self.spares,
+                     "lendable": self.lendable}
+        for name in ("checkpoint", *LIVE):
+            runs = getattr(self, name)
+            if not runs:
+                continue
             fails = sum(r.failures for r in runs)
             out[name] = {
                 "goodput": stat([r.goodput for r in runs]),
@@ -318,10 +380,20 @@ class FleetResult:
                 "pool_short_events": stat([r.pool_short for r in runs]),
                 "paths": dict(sum((Counter(r.paths) for r in runs), Counter())),
             }
-        saving = [waste_usd(c) - waste_usd(h) - spare_cost_run for c, h in zip(self.checkpoint, self.hotspare)]
-        out["spare_cost_usd_run"] = spare_cost_run
-        out["net_saving_usd_run"] = stat(saving)
-        out["net_saving_usd_year"] = stat([s * year for s in saving])
+            if name == "checkpoint":
+                continue
+            cost = extra_cost[name]
+            saving = [waste_usd(c) - waste_usd(h) - cost(h) for c, h in zip(self.checkpoint, runs)]
+            out[name]["cost_usd_year"] = stat([cost(r) * year for r in runs])
+            out[name]["net_saving_usd_year"] = stat([v * year for v in saving])
+            if name == "borrow":
+                out[name]["lender_gpu_hours_year"] = stat([r.lender_gpu_hours * year for r in runs])
+            if name == "shrink":
+                out[name]["degraded"] = stat([r.degraded for r in runs])
+            if name == "hotspare":
+                out["spare_cost_usd_run"] = spare_cost_run
+                out["net_saving_usd_run"] = stat(saving)
+                out["net_saving_usd_year"] = stat([v * year for v in saving])
         return out
 
 
@@ -334,17 +406,29 @@ def auto_spares(cfg: FleetConfig, lam: float) -> int:
     return spares
 
 
-def simulate(cfg: FleetConfig, seeds: int = 20, seed: int = 0, record: bool = False) -> FleetResult:
-    """Replay ``seeds`` independent failure traces of the job under both policies."""
+def simulate(cfg: FleetConfig, seeds: int = 20, seed: int = 0, record: bool = False,
+             borrow_and_shrink: bool = True) -> FleetResult:
+    """Replay ``seeds`` independent failure traces of the job under every policy: checkpoint-
+    restart, and live failover with dedicated spares, borrowed ones and shrinking (the last two
+    can be left out, e.g. for the plot's size sweep)."""
     cfg.validate()
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1 (got {seeds})")
     lam = fm.failures_per_hour(cfg.afr, cfg.gpus)
     spares = cfg.spares if cfg.spares is not None else auto_spares(cfg, lam)
     plan = evaluate(dataclasses.replace(cfg.plan_inputs(), spares=spares))
-    cr, hs = [], []
+    horizon, tau = cfg.days * 24.0, plan.hotspare.interval
+    shards, lendable = _Shards(cfg), plan.borrowed.lendable
+    runs: dict[str, list[Run]] = {"checkpoint": [], "hotspare": [], "borrow": [], "shrink": []}
     for child in np.random.SeedSequence(seed).spawn(seeds):
-        trace = _draw(cfg, lam, cfg.days * 24.0, np.random.default_rng(child))
-        cr.append(_replay(cfg, trace, False, plan.checkpoint.interval, spares, record))
-        hs.append(_replay(cfg, trace, True, plan.hotspare.interval, spares, record))
-    return FleetResult(cfg, plan, spares, cr, hs)
+        trace = _draw(cfg, lam, horizon, np.random.default_rng(child))
+        runs["checkpoint"].append(_replay(cfg, trace, "checkpoint", plan.checkpoint.interval, spares, record))
+        runs["hotspare"].append(_replay(cfg, trace, "dedicated", tau, spares, record))
+        if borrow_and_shrink:
+            runs["borrow"].append(_replay(cfg, trace, "borrow", tau, lendable, record))
+        if borrow_and_shrink and plan.shrunk is not None:
+            clock = shrink_clock(trace.times, trace.repair, trace.nodes, shards.copy_of, shards.copies,
+                                 cfg.downtime, horizon)
+            runs["shrink"].append(_replay(cfg, trace, "shrink", tau, 0, record, clock))
+    return FleetResult(cfg, plan, spares, runs["checkpoint"], runs["hotspare"], runs["borrow"],
+                       runs["shrink"], lendable)

@@ -37,7 +37,8 @@ def plot_economics(result: FleetResult, sizes: list[int], seed: int, path: Path
     import matplotlib.ticker
 
     cfg, seeds = result.config, len(result.checkpoint)
-    per_size = [(n, simulate(dataclasses.replace(cfg, gpus=n), seeds, seed)) for n in sizes]
+    per_size = [(n, simulate(dataclasses.replace(cfg, gpus=n), seeds, seed, borrow_and_shrink=False))
+                for n in sizes]
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     for policy in ("checkpoint", "hotspare"):

@@ -111,3 +111,17 @@ def node_hours_per_failure(mix: tuple[FailureKind, ...], rack_nodes: int) -> flo
     """Mean node-hours a failure takes out of service: repair time × nodes hit (a rack-wide
     event hits ``rack_nodes``). Times the failure rate, it is the mean number of nodes in repair."""
     return sum(s * k.repair_h * (1.0 + k.correlated * (rack_nodes - 1)) for s, k in zip(shares(mix), mix))
+
+
+def nodes_per_failure(mix: tuple[FailureKind, ...], rack_nodes: int) -> float:
+    """Mean nodes one failure takes out (a rack-wide event takes ``rack_nodes``)."""
+    return sum(s * (1.0 + k.correlated * (rack_nodes - 1)) for s, k in zip(shares(mix), mix))
+
+
+def kept_state_exposure(mix: tuple[FailureKind, ...], rack_nodes: int) -> tuple[float, float]:
+    """Per failure, over those that keep an in-memory copy: (mean nodes lost, mean node-hours out)."""
+    nodes = hours = 0.0
+    for s, k in zip(shares(mix), mix):
+        hit = s * (1.0 - k.destroys_state) * (1.0 + k.correlated * (rack_nodes - 1))
+        nodes, hours = nodes + hit, hours + hit * k.repair_h
+    return nodes, hours

@@ -134,3 +134,103 @@ def test_simulate_rejects_impossible_inputs(args, needle):
     out = hotspare("simulate", *args)
     assert out.returncode == 2
     assert out.stderr.startswith("hotspare simulate: error:") and needle in out.stderr, out.stderr
+
+
+# --- borrowed spares and shrinking ------------------------------------------------------------
+
+def test_plan_compares_every_way_to_survive_failures():
+    out = hotspare("plan", "--gpus", "2048", "--lendable", "5%", "--lend-pause", "1m",
+                   "--lender-nodes", "2", "--replica-nodes", "1")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    for needle in ("dedicated spares", "borrowed", "shrink", "spares or lenders / year",
+                   "12 node(s) of preemptible work", "60 s lender pause", "256 copies of the state",
+                   "2-node lenders", "Cheapest way to survive failures here:"):
+        assert needle in text, needle
+
+
+def test_plan_json_carries_borrowed_and_shrunk():
+    out = hotspare("plan", "--gpus", "2048", "--lendable", "0%", "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["inputs"]["lendable_share"] == 0 and plan["borrowed"]["no_lender"] == 1.0
+    assert plan["shrunk"]["copies"] == 16
+
+
+def test_plan_table_names_the_cheapest_policy():
+    out = hotspare("plan", "--gpus", "1024,16384", "--preset", "afr-1pct,llama3-405b")
+    assert out.returncode == 0, out.stderr
+    rows = [l for l in out.stdout.splitlines() if l.startswith(("afr-1pct", "llama3"))]
+    assert len(rows) == 4
+    assert all(l.rstrip().endswith(("checkpoint-restart", "dedicated spares", "borrowed", "shrink"))
+               for l in rows)
+
+
+def test_simulate_replays_borrowing_and_shrinking():
+    out = hotspare("simulate", "--gpus", "2048", "--days", "30", "--seeds", "3", "--lender", "shrink",
+                   "--json")
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    assert body["config"]["lender"] == "shrink"
+    for policy in ("hotspare", "borrow", "shrink"):
+        assert "net_saving_usd_year" in body["summary"][policy]
+    text = hotspare("simulate", "--gpus", "2048", "--days", "30", "--seeds", "3")
+    assert "borrowed" in text.stdout and "of the copies down for repair" in text.stdout
+
+
+@pytest.mark.parametrize("command,args,needle", [
+    ("plan", ["--gpus", "1024", "--lender", "evict"], "lender must be one of"),
+    ("plan", ["--gpus", "1024", "--lend-pause", "30"], "unit"),
+    ("simulate", ["--gpus", "1024", "--lender-nodes", "0"], "lender-nodes"),
+])
+def test_pool_options_reject_impossible_inputs(command, args, needle):
+    out = hotspare(command, *args)
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_help_explains_the_pool_options(command):
+    out = hotspare(command, "--help").stdout
+    for flag in ("--lendable", "--lend-pause", "--lend-resume", "--lender-nodes", "--lender ",
+                 "--lender-value", "--replica-nodes"):
+        assert flag in out, flag
+    assert "Kubernetes' default termination" in " ".join(out.split())
+
+
+def test_simulate_sharded_reports_the_fallback_share_and_the_table():
+    out = hotspare("simulate", "--gpus", "256", "--days", "365", "--seeds", "3", "--sharded", "fsdp",
+                   "--buddy-jump", "4", "--replica-nodes", "1")
+    assert out.returncode == 0, out.stderr
+    for needle in ("fall back to a checkpoint", "two adjacent hosts", "buddy snapshots 4 host(s) on",
+                   "recover_shards"):
+        assert needle in out.stdout, needle
+    body = json.loads(hotspare("simulate", "--gpus", "64", "--days", "30", "--seeds", "2", "--sharded",
+                               "hsdp:2", "--json").stdout)
+    assert body["config"]["replicate"] == 2
+    assert {c["path"] for c in body["combinations"]} <= {"memory", "checkpoint"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sharded", "zero3"], "'fsdp' or 'hsdp:R'"),
+    (["--buddy-jump", "2"], "only apply with --sharded"),
+    (["--sharded", "fsdp", "--snapshot-in", "disk"], "snapshot_in"),
+    (["--sharded", "fsdp", "--plot", "x.png"], "leave it out with --sharded"),
+])
+def test_simulate_sharded_rejects_impossible_inputs(args, needle):
+    out = hotspare("simulate", "--gpus", "64", *args)
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
+
+
+def test_simulate_sharded_from_a_config_file(tmp_path):
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('gpus = 64\ndays = 30\nseeds = 2\nsharded = "hsdp:2"\nbuddy_jump = 0\n')
+    out = hotspare("simulate", "--config", str(cfg), "--json")
+    assert out.returncode == 0, out.stderr
+    config = json.loads(out.stdout)["config"]
+    assert (config["replicate"], config["buddy_jump"]) == (2, 0)
+
+
+def test_plan_does_not_recommend_checkpoints_when_borrowing_pays():
+    text = " ".join(hotspare("plan", "--gpus", "1024").stdout.split())
+    assert "dedicated spares does not pay" in text
+    assert "cheaper answer" not in text and "Cheapest way to survive failures here: borrowed" in text
