@@ -28,6 +28,7 @@ import heapq
 import math
 from collections import Counter
 from itertools import islice
+from typing import Callable
 
 import numpy as np
 
@@ -334,8 +335,10 @@ def auto_spares(cfg: FleetConfig, lam: float) -> int:
     return spares
 
 
-def simulate(cfg: FleetConfig, seeds: int = 20, seed: int = 0, record: bool = False) -> FleetResult:
-    """Replay ``seeds`` independent failure traces of the job under both policies."""
+def simulate(cfg: FleetConfig, seeds: int = 20, seed: int = 0, record: bool = False,
+             progress: Callable[[], None] | None = None) -> FleetResult:
+    """Replay ``seeds`` independent failure traces of the job under both policies
+    (``progress``: called after each seed)."""
     cfg.validate()
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1 (got {seeds})")
@@ -347,4 +350,6 @@ def simulate(cfg: FleetConfig, seeds: int = 20, seed: int = 0, record: bool = Fa
         trace = _draw(cfg, lam, cfg.days * 24.0, np.random.default_rng(child))
         cr.append(_replay(cfg, trace, False, plan.checkpoint.interval, spares, record))
         hs.append(_replay(cfg, trace, True, plan.hotspare.interval, spares, record))
+        if progress is not None:
+            progress()
     return FleetResult(cfg, plan, spares, cr, hs)
