@@ -184,3 +184,42 @@ def test_a_quarantined_device_is_not_uncordoned_from_the_dashboard(cluster):
         for _ in range(cluster.registry.passes_required):
             cluster.registry.diagnostics_passed("hosta/cpu0")
     assert cluster.state("hosta/cpu0") == "healthy"
+
+
+@pytest.mark.slow
+def test_a_drain_from_the_dashboard_moves_a_running_rank_to_the_spare(tmp_path):
+    """A job of the service (2 ranks on hosta, a warm spare on the spare host hostb): draining rank 1's
+    device from the dashboard live-migrates the rank off it at a step boundary, as `hotspare
+    drain` does; the dashboard's stream carries the job's migration, and the device ends out of
+    the job, quarantined for its diagnostics (or back after passing them)."""
+    c = Cluster(tmp_path)
+    try:
+        c.pool.start_agent("hosta", devices=2)
+        c.pool.start_agent("hostb", devices=1, spare=True)
+        job = c.pool.submit(steps=400, per_node=2, spares=1)
+
+        def placed():
+            gens = [r for r in c.dash.snapshot() if r["kind"] == "generation" and r.get("job") == job]
+            commits = [r for r in c.dash.snapshot() if r["kind"] == "worker_said" and r.get("job") == job]
+            return gens and commits and {p["rank"]: p["device"] for p in gens[-1]["data"]["placement"]}
+        deadline = time.monotonic() + 180
+        while not (where := placed()):
+            assert time.monotonic() < deadline, c.pool.log.text()[-3000:]
+            time.sleep(0.3)
+        device = where[1]
+        cookie, nonce = c.login()
+        status, body = c.act(confirmed("drain", device, reason="fan replacement"), cookie=cookie, nonce=nonce)
+        assert status == 200 and body["moved"][-1]["to"] == "draining", body
+        row = c.pool.wait_ended(job, timeout=300)
+        assert row["state"] == "finished", (row, c.pool.log.text()[-3000:])
+        report = c.pool.request("status", job=job)["report"]
+        (m,) = report["migrations"]
+        assert (m["rank"], m["device"], m["rule"], m["outcome"], m["lost_steps"]) == (
+            1, device, "operator-drain", "migrated", 0), m
+        assert report["steps_lost"] == 0 and report["steps_repeated"] == 0
+        assert [r["data"]["device"] for r in c.dash.snapshot() if r["kind"] == "migration"
+                and r.get("job") == job] == [device]
+        history = [t.dst.value for t in c.registry.get(device).history]
+        assert history[:3] == ["cordoned", "draining", "quarantined"], history
+    finally:
+        c.close()
