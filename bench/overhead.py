@@ -275,7 +275,8 @@ def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 
                 f"{res[OBSERVED + '/torchrun:ratio']:.4f}, to hotspare {res[k + 'ratio']:.4f} (workers "
                 f"{res[k + 'workers_ratio']:.4f}, launcher {1000 * o['launcher']:5.2f} ms, wall "
                 f"{res[k + 'wall_ratio']:.4f}); {res['scrapes']} scrapes of /metrics, {res['dashboard_records']} "
-                f"records to the dashboard's viewer" + (f" ({res['dashboard_error']})" if res["dashboard_error"] else ""))
+                f"records to the dashboard's viewer"
+                + (f" ({res['dashboard_error']})" if res["dashboard_error"] else ""))
         kinds = sorted({k for k in (*t, *h) if k.startswith("worker/")}, key=lambda k: -h.get(k, 0.0))
         say("      workers' threads: " + ", ".join(
             f"{k[7:]} {1000 * t.get(k, 0.0):.1f} / {1000 * h.get(k, 0.0):.1f}" for k in kinds) + " ms")
@@ -316,8 +317,9 @@ def main() -> None:
         p.error(f"--steps must be at least --warmup + 10 = {args.warmup + 10}")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
-    print(f"model {args.model}, torchrun and hotspare{' and hotspare with metrics, events and dashboard' if args.observe else ''}"
-          f" side by side, 4 ranks each (+1 spare), {os.cpu_count()} cores", flush=True)
+    watched = " and hotspare with metrics, events and dashboard" if args.observe else ""
+    print(f"model {args.model}, torchrun and hotspare{watched} side by side, 4 ranks each (+1 spare), "
+          f"{os.cpu_count()} cores", flush=True)
     res = measure(args.model, args.steps, args.rounds, args.warmup, observe=args.observe)
     print(f"hotspare / torchrun CPU per step: median {res['ratio_median']:.4f}, mean {res['ratio_mean']:.4f} "
           f"+- {res['ratio_stdev']:.4f} (sd over {args.rounds} rounds)   target < 1.005")

@@ -42,7 +42,8 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from hotspare.errors import ConfigError
+from hotspare.errors import ConfigError, HotspareError
+from hotspare.observe.cluster import ACTIONS, REASON_MAX
 from hotspare.observe.text import chatty
 
 COMMITS_KEPT = 5000
@@ -303,7 +304,6 @@ class _Handler(BaseHTTPRequestHandler):
         if req["confirm"] != target:
             return refuse(400, f"{action} {target} not confirmed: send confirm equal to the target "
                                f"({target!r}) once the operator has confirmed it")
-        from hotspare.errors import HotspareError
         why = f"{reason} (dashboard, {self.client_address[0]})"
         try:
             done = self.dash.operator.apply(action, target, why)
@@ -332,13 +332,12 @@ FIELDS = frozenset({"action", "target", "confirm", "reason"})
 def _checked(req: Any) -> tuple[str, str, str]:
     """(action, target, reason) of an action's body; ValueError, saying what is wrong, otherwise.
     Whether ``target`` names a host or device here is the operator's to say."""
-    from hotspare.observe.cluster import ACTIONS, REASON_MAX
     if not isinstance(req, dict):
         raise ValueError("the body must be a JSON object")
     extra = set(req) - FIELDS
     if extra or not {"action", "target", "confirm"} <= set(req):
-        raise ValueError(f"the fields are action, target, confirm and optionally reason"
-                         + (f" (not {', '.join(sorted(str(k)[:32] for k in extra))})" if extra else ""))
+        raise ValueError("the fields are action, target, confirm and optionally reason"
+                         + (f" (not {', '.join(sorted(repr(str(k)[:32]) for k in extra))})" if extra else ""))
     action, target, reason = req["action"], req["target"], req.get("reason", "by the operator")
     if action not in ACTIONS:
         raise ValueError(f"action must be one of {', '.join(ACTIONS)}")

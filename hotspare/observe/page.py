@@ -41,7 +41,8 @@ table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.2em .5e
 .legend i{display:inline-block;width:10px;height:10px;margin-right:3px}
 canvas{width:100%;height:260px}
 .host{flex-basis:100%;margin-bottom:.4em}.hosthead{margin-bottom:.3em}.tiles{display:flex;flex-wrap:wrap;gap:.5em}
-.acts button{font-size:11px;margin:.3em .2em 0 0;padding:.1em .4em}.dev .acts{display:block}#actions-bar{margin-bottom:.6em}
+.acts button{font-size:11px;margin:.3em .2em 0 0;padding:.1em .4em}.dev .acts{display:block}
+#actions-bar{margin-bottom:.6em}
 #action-result.ok{color:#27ae60}#action-result.err{color:#c0392b}
 </style></head><body>
 <header><h1>hotspare</h1><span id="job"></span><span id="status">connecting...</span><span id="where"></span></header>
@@ -175,7 +176,9 @@ function devices() {
 
 async function act(action, target) {
   const out = $("action-result");
-  if (!confirm(CONFIRM[action](target))) { out.className = ""; out.textContent = `${action} ${target}: not confirmed`; return; }
+  if (!confirm(CONFIRM[action](target))) {
+    out.className = ""; out.textContent = `${action} ${target}: not confirmed`; return;
+  }
   const reason = $("reason").value.trim() || "by the operator";
   out.className = ""; out.textContent = `${action} ${target}...`;
   try {

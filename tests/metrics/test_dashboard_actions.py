@@ -113,7 +113,7 @@ def test_logged_in_an_action_needs_the_nonce_the_origin_and_the_pages_body(clust
         (dict(fields=confirmed("cordon"), cookie=cookie, nonce=nonce, **{"Content-Type": "text/plain"}), 415, "json"),
         (dict(fields=confirmed("cordon", reason="x" * MAX_BODY), cookie=cookie, nonce=nonce), 413, "bytes"),
         (dict(fields=confirmed("retire"), cookie=cookie, nonce=nonce), 400, "action must be"),
-        (dict(fields={**confirmed("cordon"), "force": True}, cookie=cookie, nonce=nonce), 400, "not force"),
+        (dict(fields={**confirmed("cordon"), "force": True}, cookie=cookie, nonce=nonce), 400, "not 'force'"),
         (dict(fields=confirmed("cordon", "hostz/cpu9"), cookie=cookie, nonce=nonce), 409, "no host or device"),
         (dict(fields=confirmed("cordon", reason="a\nb"), cookie=cookie, nonce=nonce), 400, "printable"),
     ]
