@@ -25,8 +25,9 @@ page shows exactly the event stream's records.
   same-origin content policy, no caching).
 
 Memory stays bounded: the last ``COMMITS_KEPT`` committed steps and the latest telemetry of each
-node (and the latest ``cluster`` record) are kept with every other record; a client that cannot
-keep up is dropped (it reconnects and replays).
+node (and the latest ``cluster`` record) are kept with every other record; on the service's
+dashboard, the records of its last ``JOBS_KEPT`` jobs only; the last ``SESSIONS_KEPT`` logins. A
+client that cannot keep up is dropped (it reconnects and replays).
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ from hotspare.observe.cluster import ACTIONS, REASON_MAX
 from hotspare.observe.text import chatty
 
 COMMITS_KEPT = 5000
+JOBS_KEPT = 3             # the service's dashboard shows the newest; the two before are kept for a while
+SESSIONS_KEPT = 64        # logins; an older session must log in again
 CLIENT_QUEUE = 10000
 KEEPALIVE_S = 15.0
 COOKIE = "hotspare_session"
@@ -76,6 +79,7 @@ class Dashboard:
         self._commits: collections.deque = collections.deque(maxlen=COMMITS_KEPT)
         self._readings: dict[Any, dict[str, Any]] = {}
         self._cluster: dict[str, Any] | None = None
+        self._jobs: list[str] = []                  # the service's jobs seen, oldest first
         self._clients: set[queue.Queue] = set()
         self._sessions: dict[str, str] = {}        # session -> its nonce for state-changing requests
         self._closing = threading.Event()
@@ -97,6 +101,8 @@ class Dashboard:
     # ------------------------------------------------------------------ the observer's sink
     def __call__(self, rec: dict[str, Any]) -> None:
         with self._lock:
+            if rec["kind"] == "run_start" and rec.get("job") is not None:
+                self._new_job(rec["job"])
             if rec["kind"] == "readings":
                 self._readings[(rec.get("job"), rec["data"].get("node"))] = rec
             elif rec["kind"] == "cluster":
@@ -111,6 +117,17 @@ class Dashboard:
                 except queue.Full:              # too slow: dropped; its page reconnects and replays
                     self._clients.discard(q)
                     q.dropped = True            # type: ignore[attr-defined]
+
+    def _new_job(self, job: str) -> None:
+        """(Under the lock.) A job of the service started: the records of all but the last
+        ``JOBS_KEPT`` go."""
+        self._jobs.append(job)
+        gone, self._jobs = set(self._jobs[:-JOBS_KEPT]), self._jobs[-JOBS_KEPT:]
+        if gone:
+            self._records = [r for r in self._records if r.get("job") not in gone]
+            self._commits = collections.deque((r for r in self._commits if r.get("job") not in gone),
+                                              maxlen=COMMITS_KEPT)
+            self._readings = {k: r for k, r in self._readings.items() if r.get("job") not in gone}
 
     def _kept(self) -> list[dict[str, Any]]:
         """(Under the lock.) Every record kept, oldest first."""
@@ -139,6 +156,8 @@ class Dashboard:
         session = secrets.token_urlsafe(32)
         with self._lock:
             self._sessions[session] = secrets.token_urlsafe(32)
+            while len(self._sessions) > SESSIONS_KEPT:
+                del self._sessions[next(iter(self._sessions))]      # the oldest login
         return session
 
     def _known(self, session: str | None) -> str | None:
