@@ -57,7 +57,7 @@ class Progress:
         self.tty = is_terminal(self.stream) if tty is None else tty
         self.period_s, self.delay_s, self.clock = period_s, delay_s, clock
         self.done = 0
-        self.t0 = clock()
+        self.t0 = self._done_at = clock()
         self._said_at = self.t0            # the last plain line (or the start)
         self._drawn = False                # a terminal line is on screen
         self._drawn_at = float("-inf")
@@ -75,6 +75,7 @@ class Progress:
         with self._lock:
             self.done += n
             self.total = max(self.total, self.done)
+            self._done_at = self.clock()
             self._show()
 
     def grow(self, n: int = 1) -> None:
@@ -114,10 +115,15 @@ class Progress:
     # ------------------------------------------------------------------ the text
     def text(self) -> str:
         """``chaos  1/2 runs  [############............]  50%  elapsed 1m02s  left ~1m02s``."""
-        elapsed = self.clock() - self.t0
+        now = self.clock()
+        elapsed = now - self.t0
         share = self.done / self.total if self.total else 0.0
         filled = int(WIDTH * share)
-        left = f"left ~{duration(elapsed / self.done * (self.total - self.done))}" if self.done else "left ?"
+        if not self.done:
+            left = "left ?"
+        else:       # the mean run so far, for the runs to come, less what the current one has had
+            due = (self._done_at - self.t0) / self.done * (self.total - self.done) - (now - self._done_at)
+            left = f"left ~{duration(due)}" if due > 0 or self.done == self.total else "left: over the mean run"
         bar = "[" + "#" * filled + "." * (WIDTH - filled) + "]"
         return (f"{self.what}  {self.done}/{self.total} {self.unit}  " + (f"{bar}  " if self.tty else "")
                 + f"{100 * share:3.0f}%  elapsed {duration(elapsed)}  {left}")

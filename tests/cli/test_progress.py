@@ -42,6 +42,16 @@ def test_on_a_terminal_one_line_is_redrawn_with_the_bar_elapsed_and_time_left():
     assert "\n" not in out.getvalue()[:-1]                # one line, redrawn in place
 
 
+def test_the_time_left_counts_down_from_the_mean_run_then_says_it_is_over():
+    p, clock, out = bar(tty=False, total=3)
+    clock.t += 10
+    p.advance()
+    clock.t += 5
+    assert p.text() == "chaos  1/3 runs   33%  elapsed 15s  left ~15s"
+    clock.t += 20
+    assert p.text() == "chaos  1/3 runs   33%  elapsed 35s  left: over the mean run"
+
+
 def test_on_a_terminal_a_quick_command_leaves_no_bar():
     p, clock, out = bar(tty=True, delay_s=1.0)
     for _ in range(3):
