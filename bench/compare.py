@@ -59,6 +59,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hotspare.cli.progress import Progress  # noqa: E402
 from hotspare.sim.failure_math import daly_interval  # noqa: E402
 from procs import alive, descendants, environ, free_port, started_at  # noqa: E402
 
@@ -562,6 +563,19 @@ def summarize(run: Run, ideal_step_s: float, ref_digest: str | None, spares: int
 
 
 # ----------------------------------------------------------------------------------- scenarios
+def planned_runs(args: argparse.Namespace) -> int:
+    """The jobs ``main`` will start, for its progress line: each scenario's references or probe
+    and one job per system (the Young/Daly cost probe only when no legacy run can measure it;
+    when it is needed anyway the total grows)."""
+    n = 0
+    if not args.replica_only:
+        n += 1 + ("hotspare" in args.systems) + len(args.systems)
+        n += "ckpt-yd" in args.systems and args.yd_every is None and "ckpt-legacy" not in args.systems
+    if not (args.quick or args.no_replica):
+        n += 1 + len([s for s in args.systems if s in ("hotspare", "ckpt-legacy", "torchft")])
+    return n
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -569,13 +583,15 @@ class Bench:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.t_start = time.time()
+        self.bar = Progress("compare", planned_runs(args), unit="runs")     # on stderr; closed by main
 
     def say(self, line: str) -> None:
-        print(f"[compare {time.time() - self.t_start:6.0f}s] {line}", flush=True)
+        self.bar.print(f"[compare {time.time() - self.t_start:6.0f}s] {line}")
 
     def go(self, sysm: System, steps: int, schedule: Schedule | None, expect_s: float) -> Run:
         self.say(f"   {sysm.label}: running")
         run = execute(sysm, steps, schedule, timeout=max(120.0, 8 * expect_s), say=self.say)
+        self.bar.advance()
         status = "ok" if run.ok else f"FAILED: {run.error} (log: {run.log})"
         self.say(f"   {sysm.label}: {run.jct_s:.1f} s, {sum(1 for k in run.kills if k.get('fired'))} failure(s), "
                  f"{status}")
@@ -843,6 +859,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.quick or args.no_replica):
             scenarios["replica"] = replica_scenario(b, args)
     finally:
+        b.bar.close()
         if not args.keep_logs:
             shutil.rmtree(b.workdir, ignore_errors=True)
 

@@ -2,7 +2,9 @@
 
     python bench/overhead.py                          # 5M model, 4 ranks each, 3 rounds (~13 min)
     python bench/overhead.py --model 1m --steps 300   # quicker
-    python bench/overhead.py --observe                # hotspare with --metrics (scraped every second) and --events on
+    python bench/overhead.py --observe                # three jobs: torchrun, hotspare, and hotspare with
+                                                      # --metrics (scraped every second), --events and
+                                                      # --dashboard (a logged-in page following it) on
     PYTHONPATH=/path/to/other/checkout python bench/overhead.py   # measure another hotspare
 
 Run one after the other, the two jobs meet different machines: on a shared 2-core VM the step
@@ -13,6 +15,12 @@ its CPU time per step over the window in which both are in steady state: the CPU
 process of the job (launcher, workers, the spare, all their threads: /proc's schedstat), between
 two of its own step lines, over the steps between. Start-up and shutdown fall outside the window.
 The ratio hotspare / torchrun is computed per round; the rounds alternate which job starts first.
+
+``--observe`` adds a third job beside the two: hotspare with everything docs/OBSERVABILITY.md
+describes switched on and in use, as an operator would have it: ``--metrics`` scraped every second
+(as Prometheus would), ``--events`` written, and ``--dashboard`` with a logged-in client following
+its live stream (as an open browser tab would). Its ratios against torchrun and against the plain
+hotspare job of the same round are the cost of watching a job; the three rotate which starts first.
 
 CPU time is the main measure: on a machine the job has to itself (CPU-bound, every core busy, as
 here), CPU per step is what sets the step time. The wall time per step over the same window is
@@ -85,10 +93,11 @@ def tree_cpu_s(root: int) -> dict[str, float]:
 
 
 class Job:
-    """One job started in the background; records (step, CPU of its tree) at each step line."""
+    """One job started in the background; records (step, CPU of its tree) at each step line and
+    hands every line to ``on_line`` (None: no one)."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str]):
-        self.name, self.points, self.tail = name, [], []
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], on_line=None):
+        self.name, self.points, self.tail, self.on_line = name, [], [], on_line
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, start_new_session=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -100,6 +109,8 @@ class Job:
             m = STEP_LINE.search(line)
             if m:
                 self.points.append((time.monotonic(), int(m.group(1)), tree_cpu_s(self.proc.pid)))
+            if self.on_line is not None:
+                self.on_line(line)
 
     def wait(self, timeout: float) -> int:
         code = self.proc.wait(timeout)
@@ -120,16 +131,23 @@ def per_step(points: list[tuple[float, int, dict]], t0: float, t1: float) -> tup
     return out, s1 - s0
 
 
+OBSERVED = "hotspare+observe"
+
+
 def commands(model: str, steps: int, port: int, observe: tuple[int, str] | None = None) -> dict[str, list[str]]:
-    """``observe``: (metrics port, events file) to run hotspare with --metrics and --events on."""
+    """``observe``: (metrics port, events file) to add a third job, hotspare with --metrics,
+    --events and --dashboard on."""
     script = [str(EXAMPLE), "--model", model, "--steps", str(steps)]
-    watch = [] if observe is None else ["--metrics", f"127.0.0.1:{observe[0]}", "--events", observe[1]]
-    return {
+    hotspare = [sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1", "--log-every", "1"]
+    out = {
         "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
                      "--master-port", str(port), *script],
-        "hotspare": [sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1",
-                     "--log-every", "1", *watch, "--", *script],
+        "hotspare": [*hotspare, "--", *script],
     }
+    if observe is not None:
+        out[OBSERVED] = [*hotspare, "--metrics", f"127.0.0.1:{observe[0]}", "--events", observe[1],
+                         "--dashboard", "127.0.0.1:0", "--", *script]
+    return out
 
 
 class Scraper:
@@ -157,48 +175,108 @@ class Scraper:
         return self.ok
 
 
-def one_round(model: str, steps: int, warmup: int, first: str, port: int, observe: bool = False) -> dict:
+class Viewer:
+    """An open dashboard tab: once the job logs its dashboard (``dashboard: http://ADDR/ (...
+    token in FILE)``), logs in with the token and follows ``/events`` until the job ends;
+    counts the records it received."""
+
+    LINE = re.compile(r"dashboard: http://(\S+?)/ .*token in (\S+)\)")
+
+    def __init__(self):
+        self.records, self.error = 0, None
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, line: str) -> None:
+        m = self.LINE.search(line)
+        if m and self._thread is None:
+            self._thread = threading.Thread(target=self._follow, args=m.groups(), daemon=True)
+            self._thread.start()
+
+    def _follow(self, address: str, token_file: str) -> None:
+        import http.client
+        import urllib.parse
+        try:
+            host, port = address.rsplit(":", 1)
+            with open(token_file) as f:
+                token = f.read().strip()
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            conn.request("POST", "/login", urllib.parse.urlencode({"token": token}),
+                         {"Content-Type": "application/x-www-form-urlencoded"})
+            r = conn.getresponse()
+            r.read()
+            cookie = (r.getheader("Set-Cookie") or "").split(";")[0]
+            if r.status != 303 or not cookie:
+                raise RuntimeError(f"login answered {r.status}")
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            conn.request("GET", "/events", headers={"Cookie": cookie})
+            stream = conn.getresponse()
+            for raw in stream.fp:
+                self.records += raw.startswith(b"data: ")
+        except (OSError, RuntimeError, ValueError) as e:
+            if not self.records:        # a stream cut when the job ends is the normal end
+                self.error = f"{type(e).__name__}: {e}"
+
+    def stop(self) -> int:
+        if self._thread is not None:
+            self._thread.join(10)
+        return self.records
+
+
+def one_round(model: str, steps: int, warmup: int, order: list[str], port: int, observe: bool = False) -> dict:
+    """One round: the jobs of ``commands`` side by side, started in ``order``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            "HOTSPARE_LOG_EVERY_S": "0"}   # torchrun's rank 0 prints every step: the window's marks
     import tempfile
     tmp = tempfile.mkdtemp(prefix="overhead-")
     metrics_port = free_port() if observe else 0
     cmds = commands(model, steps, port, (metrics_port, os.path.join(tmp, "events.jsonl")) if observe else None)
-    order = [first] + [n for n in cmds if n != first]
-    jobs = {n: Job(n, cmds[n], env) for n in order}
+    viewer = Viewer() if observe else None
+    jobs = {n: Job(n, cmds[n], env, viewer if n == OBSERVED else None) for n in order if n in cmds}
     scraper = Scraper(metrics_port) if observe else None
     for job in jobs.values():
         code = job.wait(3600)
         if code != 0:
             raise RuntimeError(f"{job.name} exited with {code}:\n{''.join(job.tail)}")
     scrapes = scraper.stop() if scraper is not None else None
-    # The common steady-state window: both past warm-up, neither in its last steps yet.
+    # The common steady-state window: every job past warm-up, none in its last steps yet.
     start = max(next(t for t, s, _ in j.points if s >= warmup) for j in jobs.values())
     end = min(next(t for t, s, _ in j.points if s >= steps - 3) for j in jobs.values())
-    out = {"first": first, "window_s": end - start, "observed": observe, "scrapes": scrapes}
+    out = {"first": order[0], "window_s": end - start, "observed": observe, "scrapes": scrapes,
+           "dashboard_records": viewer.stop() if viewer else None, "dashboard_error": viewer.error if viewer else None}
     for n, j in jobs.items():
         out[n], out[f"{n}_steps"] = per_step(j.points, start, end)
-    out["ratio"] = out["hotspare"]["all"] / out["torchrun"]["all"]
-    out["workers_ratio"] = out["hotspare"]["worker"] / out["torchrun"]["worker"]
-    out["wall_ratio"] = out["hotspare"]["wall"] / out["torchrun"]["wall"]
+    for n, base in (("hotspare", "torchrun"), (OBSERVED, "torchrun"), (OBSERVED, "hotspare")):
+        if n in jobs:
+            key = "" if (n, base) == ("hotspare", "torchrun") else f"{n}/{base}:"
+            out[f"{key}ratio"] = out[n]["all"] / out[base]["all"]
+            out[f"{key}workers_ratio"] = out[n]["worker"] / out[base]["worker"]
+            out[f"{key}wall_ratio"] = out[n]["wall"] / out[base]["wall"]
     return out
 
 
 def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 10, say=print,
             observe: bool = False) -> dict:
     results = []
+    names = ["torchrun", "hotspare"] + ([OBSERVED] if observe else [])
     for r in range(rounds):
-        first = ("torchrun", "hotspare")[r % 2]
-        res = one_round(model, steps, warmup, first, free_port(), observe)
+        order = names[r % len(names):] + names[:r % len(names)]
+        res = one_round(model, steps, warmup, order, free_port(), observe)
         results.append(res)
         t, h = res["torchrun"], res["hotspare"]
         say(f"   round {r + 1}: CPU per step, torchrun {1000 * t['all']:7.1f} ms ({res['torchrun_steps']} steps), "
             f"hotspare {1000 * h['all']:7.1f} ms ({res['hotspare_steps']} steps): ratio {res['ratio']:.4f}   "
-            f"[{first} started first, window {res['window_s']:.0f} s"
-            + (f"; hotspare observed: {res['scrapes']} scrapes of /metrics, events file on]" if observe else "]"))
+            f"[{order[0]} started first, window {res['window_s']:.0f} s]")
         say(f"      workers {1000 * t['worker']:7.1f} / {1000 * h['worker']:7.1f} ms (ratio {res['workers_ratio']:.4f})"
             f"   launcher {1000 * t['launcher']:5.2f} / {1000 * h['launcher']:5.2f} ms   spare {1000 * h['spare']:5.2f} ms"
             f"   wall/step {1000 * t['wall']:6.1f} / {1000 * h['wall']:6.1f} ms (ratio {res['wall_ratio']:.4f})")
+        if observe:
+            o, k = res[OBSERVED], f"{OBSERVED}/hotspare:"
+            say(f"      {OBSERVED} {1000 * o['all']:7.1f} ms ({res[OBSERVED + '_steps']} steps): ratio to torchrun "
+                f"{res[OBSERVED + '/torchrun:ratio']:.4f}, to hotspare {res[k + 'ratio']:.4f} (workers "
+                f"{res[k + 'workers_ratio']:.4f}, launcher {1000 * o['launcher']:5.2f} ms, wall "
+                f"{res[k + 'wall_ratio']:.4f}); {res['scrapes']} scrapes of /metrics, {res['dashboard_records']} "
+                f"records to the dashboard's viewer"
+                + (f" ({res['dashboard_error']})" if res["dashboard_error"] else ""))
         kinds = sorted({k for k in (*t, *h) if k.startswith("worker/")}, key=lambda k: -h.get(k, 0.0))
         say("      workers' threads: " + ", ".join(
             f"{k[7:]} {1000 * t.get(k, 0.0):.1f} / {1000 * h.get(k, 0.0):.1f}" for k in kinds) + " ms")
@@ -206,36 +284,56 @@ def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 
     base = statistics.median(r["torchrun"]["all"] for r in results)
     extra = {role: statistics.median(r["hotspare"][role] - (r["torchrun"][role] if role != "spare" else 0.0)
                                      for r in results) / base for role in ("launcher", "spare")}
-    return {"model": model, "steps": steps, "observe": observe, "rounds": results, "ratio_median": statistics.median(ratios),
-            "ratio_mean": statistics.mean(ratios),
-            "ratio_stdev": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
-            "workers_ratio_median": statistics.median(r["workers_ratio"] for r in results),
-            "wall_ratio_median": statistics.median(r["wall_ratio"] for r in results),
-            "launcher_extra_share": extra["launcher"], "spare_share": extra["spare"]}
+    out = {"model": model, "steps": steps, "observe": observe, "rounds": results,
+           "ratio_median": statistics.median(ratios), "ratio_mean": statistics.mean(ratios),
+           "ratio_stdev": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+           "workers_ratio_median": statistics.median(r["workers_ratio"] for r in results),
+           "wall_ratio_median": statistics.median(r["wall_ratio"] for r in results),
+           "launcher_extra_share": extra["launcher"], "spare_share": extra["spare"]}
+    if observe:
+        for key in (f"{OBSERVED}/torchrun:", f"{OBSERVED}/hotspare:"):
+            for what in ("ratio", "workers_ratio", "wall_ratio"):
+                values = [r[key + what] for r in results]
+                out[f"{key}{what}_median"] = statistics.median(values)
+            values = [r[key + "ratio"] for r in results]
+            out[f"{key}ratio_stdev"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        out["observe_launcher_extra_share"] = statistics.median(
+            r[OBSERVED]["launcher"] - r["hotspare"]["launcher"] for r in results) / base
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="5m", choices=("tiny", "1m", "5m"), help="example preset (default: 5m)")
     p.add_argument("--steps", type=int, default=120, help="steps per job (default: 120)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds, alternating which job starts first (default: 3)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, rotating which job starts first (default: 3)")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start (default: 10)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--observe", action="store_true",
-                   help="run hotspare with --metrics (scraped every second) and --events on (docs/OBSERVABILITY.md)")
+                   help="add a third job: hotspare with --metrics (scraped every second), --events and --dashboard "
+                        "(a logged-in viewer following it) on (docs/OBSERVABILITY.md)")
     args = p.parse_args()
     if args.steps < args.warmup + 10:
         p.error(f"--steps must be at least --warmup + 10 = {args.warmup + 10}")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
-    print(f"model {args.model}, torchrun and hotspare{' (metrics and events on)' if args.observe else ''} side by "
-          f"side, 4 ranks each (+1 spare), {os.cpu_count()} cores", flush=True)
+    watched = " and hotspare with metrics, events and dashboard" if args.observe else ""
+    print(f"model {args.model}, torchrun and hotspare{watched} side by side, 4 ranks each (+1 spare), "
+          f"{os.cpu_count()} cores", flush=True)
     res = measure(args.model, args.steps, args.rounds, args.warmup, observe=args.observe)
     print(f"hotspare / torchrun CPU per step: median {res['ratio_median']:.4f}, mean {res['ratio_mean']:.4f} "
           f"+- {res['ratio_stdev']:.4f} (sd over {args.rounds} rounds)   target < 1.005")
     print(f"   of which: workers {res['workers_ratio_median']:.4f}; hotspare's launcher beyond torchrun's "
           f"{100 * res['launcher_extra_share']:+.3f}% and its spare {100 * res['spare_share']:.3f}% of torchrun's CPU per step")
-    print(f"   wall time per step (the two sharing the cores): median ratio {res['wall_ratio_median']:.4f}")
+    print(f"   wall time per step (the jobs sharing the cores): median ratio {res['wall_ratio_median']:.4f}")
+    if args.observe:
+        for base in ("torchrun", "hotspare"):
+            k = f"{OBSERVED}/{base}:"
+            print(f"{OBSERVED} / {base} CPU per step: median {res[k + 'ratio_median']:.4f} +- "
+                  f"{res[k + 'ratio_stdev']:.4f} (sd); workers {res[k + 'workers_ratio_median']:.4f}; wall "
+                  f"{res[k + 'wall_ratio_median']:.4f}")
+        print(f"   the observed launcher beyond the plain one: {100 * res['observe_launcher_extra_share']:+.3f}% of "
+              f"torchrun's CPU per step")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

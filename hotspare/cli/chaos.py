@@ -48,13 +48,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hotspare.cli.progress import Progress
+    calibrate = not args.steps and args.duration > 0
+    with Progress("chaos", total=2 + calibrate, unit="runs") as bar:      # (calibration,) faulted, fault-free
+        return _soak(args, bar)
+
+
+def _soak(args: argparse.Namespace, bar) -> int:
     import json
 
     from hotspare.testing import run_job
     from hotspare.testing.chaos import HEALTH_KINDS, KINDS, make_schedule
 
     def say(line: str) -> None:
-        print(f"[chaos] {line}", flush=True)
+        bar.print(f"[chaos] {line}")
 
     if args.nproc < 3 or args.faults < 1 or args.steps < 0 or args.duration < 0 or args.local_nodes < 1:
         print("hotspare chaos: error: needs --nproc >= 3, --faults >= 1, --local-nodes >= 1, non-negative "
@@ -73,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps
     if not steps and args.duration:
         cal = run_job(["--model", args.model, "--steps", "30"], nproc=args.nproc, spares=0, extra=extra)
+        bar.advance()
         step_s = (cal.report or {}).get("median_step_time_s") or 0.05
         faults = args.faults if "--faults" in sys.argv else max(1, int(args.duration // 15))
         args.faults = faults
@@ -91,11 +99,13 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     faulted = run_job(common, nproc=args.nproc, spares=args.spares, inject=sched.specs, extra=extra,
                       timeout=max(600, 20 * steps))
+    bar.advance()
     say(f"faulted run: exit {faulted.code} in {time.time() - t0:.0f} s")
     if args.log:
         with open(args.log, "w") as out:
             out.write(faulted.output)
     clean = run_job(common, nproc=args.nproc, spares=args.spares, extra=extra, timeout=max(600, 20 * steps))
+    bar.advance()
     say(f"fault-free run: exit {clean.code}")
     if faulted.report is None or clean.report is None or faulted.code or clean.code:
         print(faulted.output[-6000:], file=sys.stderr)

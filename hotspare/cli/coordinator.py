@@ -54,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="serve Prometheus metrics of every job on http://ADDR:PORT/metrics, each series labelled "
                         "job_name (off by default; plain HTTP without authentication: never a wildcard; "
                         "docs/OBSERVABILITY.md)")
+    p.add_argument("--dashboard", metavar="ADDR:PORT", default=None,
+                   help="serve a live web dashboard of the cluster and its jobs on http://ADDR:PORT/ (off by default; "
+                        "port 0: any free port, logged): hosts and devices by health state, with cordon, drain and "
+                        "uncordon, each confirmed; log in with the token in the file the log names (derived from "
+                        "--secret-file); never a wildcard (docs/OBSERVABILITY.md)")
     p.add_argument("--allow-inject", action="store_true",
                    help="jobs may load the fault plug-in (submit --inject / --allow-inject, then `hotspare inject "
                         "--coordinator ADDR:PORT --job JOB SPEC`): for drills and tests, never in production")
@@ -63,6 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from hotspare.config.run import host_port
     from hotspare.errors import ConfigError, HotspareError
+    from hotspare.observe.service import ServiceWatch
     from hotspare.protocol import auth
     from hotspare.service.service import Service
     t0 = time.time()
@@ -77,28 +83,26 @@ def run(args: argparse.Namespace) -> int:
                               "wildcard (the jobs' rendezvous stores are not authenticated)")
         if not 0 < args.node_lease <= 3600 or not 0 <= args.lease_margin <= 3600:
             raise ConfigError("--node-lease must be in (0, 3600] s and --lease-margin in [0, 3600] s")
-        metrics = _metrics(args.metrics, log) if args.metrics else None
-        service = Service(host, port, auth.load_secret(args.secret_file), args.secret_file, args.state,
-                          lease=args.node_lease, margin=args.lease_margin, log=log, allow_inject=args.allow_inject,
-                          observe=metrics[0].install if metrics else None)
-    except (ConfigError, HotspareError, OSError) as e:      # a refused database says what to do
+        secret = auth.load_secret(args.secret_file)
+        watch = ServiceWatch.start(args.metrics, args.dashboard, secret, log)
+    except (ConfigError, HotspareError, OSError) as e:
         print(f"hotspare coordinator: error: {e}", file=sys.stderr)
         return 2
+    try:
+        service = Service(host, port, secret, args.secret_file, args.state,
+                          lease=args.node_lease, margin=args.lease_margin, log=log, allow_inject=args.allow_inject,
+                          observe=watch.install if watch else None)
+    except (ConfigError, HotspareError, OSError) as e:      # a refused database says what to do
+        print(f"hotspare coordinator: error: {e}", file=sys.stderr)
+        if watch:
+            watch.close()
+        return 2
+    if watch:
+        watch.attach(service)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: service.stop())
     try:
         return service.serve()
     finally:
-        if metrics:
-            metrics[1].close()
-
-
-def _metrics(address: str, log):
-    """The service's metrics and their /metrics server (hotspare.observe.service)."""
-    from hotspare.observe.metrics import MetricsServer, parse_address
-    from hotspare.observe.service import ServiceMetrics
-    host, port = parse_address(address)
-    metrics = ServiceMetrics()
-    server = MetricsServer(metrics.registry, host, port)
-    log(f"metrics: http://{server.address}/metrics (Prometheus; every job's series labelled job_name)")
-    return metrics, server
+        if watch:
+            watch.close()

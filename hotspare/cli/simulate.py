@@ -239,7 +239,9 @@ def run(args: argparse.Namespace) -> int:
         sizes = _plot_sizes(args.plot_sizes, cfg) if args.plot else []
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise ConfigError("--plot needs matplotlib (pip install matplotlib)")
-        result = simulate(cfg, seeds, seed, record=args.plot is not None)
+        from hotspare.cli.progress import Progress
+        with Progress("simulate", seeds, unit="seeds") as bar:
+            result = simulate(cfg, seeds, seed, record=args.plot is not None, progress=bar.advance)
         if args.plot:
             from hotspare.sim.plot import plot_economics
             plot_economics(result, sizes, seed, args.plot)

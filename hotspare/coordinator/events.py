@@ -219,7 +219,7 @@ SCHEMA = 1
 # what the observer derives (hotspare/observe/observer.py documents each)
 OUTCOMES = frozenset({"run_start", "run_end", "failure", "failover", "recovered", "unrecovered",
                       "generation", "migration", "checkpoint_fallback", "health_event", "devices",
-                      "spares", "steps_repeated"})
+                      "spares", "steps_repeated", "cluster"})
 
 _EVENT_TYPES: tuple[type, ...] = Event.__args__        # type: ignore[attr-defined]
 _LIVE = frozenset({"channel", "reply"})                # never serialised

@@ -1,22 +1,33 @@
-"""The live web dashboard of a run (``hotspare run --dashboard ADDR:PORT``): one more sink of the
-observer, so the page shows exactly the event stream's records.
+"""The live web dashboard of a run (``hotspare run --dashboard ADDR:PORT``) and of the coordinator
+service (``hotspare coordinator --dashboard ADDR:PORT``): one more sink of the observer, so the
+page shows exactly the event stream's records.
 
 - ``GET /`` the page (plain HTML and JavaScript, no build step, nothing fetched from elsewhere:
   hotspare/observe/page.py), ``GET /app.js`` its script, ``GET /events`` the records as
   server-sent events (first the run so far, then each new one), ``GET /api/records`` the run so
   far as JSON.
 - Everything but the login needs a session: ``POST /login`` with the token (derived from the
-  job's secret; ``hotspare run`` writes it to a private file and logs where) sets an HttpOnly,
-  SameSite=Strict cookie. Without one a page request is sent to the login, ``/events`` gets
-  401, and any state-changing request (POST, PUT, PATCH, DELETE) is refused with 403 and
-  logged with its origin. The run's dashboard is read-only: with a session such a request gets
-  405 (cordon, drain and uncordon belong to the coordinator service's dashboard, not built yet).
+  secret; ``hotspare run`` and ``hotspare coordinator`` write it to a private file and log where)
+  sets an HttpOnly, SameSite=Strict cookie. Without one a page request is sent to the login,
+  ``/events`` gets 401, and any state-changing request (POST, PUT, PATCH, DELETE) is refused with
+  403 and logged with its origin. The run's dashboard is read-only: with a session such a request
+  gets 405.
+- The service's dashboard (``operator`` given: hotspare/observe/cluster.py) takes one
+  state-changing request, ``POST /api/action``: cordon, drain or uncordon a device or every device
+  of a host. Each is refused (and logged) unless it carries, besides the session cookie, the
+  session's own nonce in ``X-Hotspare-Nonce`` (written into the page it was served with: a page
+  of another site cannot read it, and a custom header cannot be sent across origins without a
+  preflight this server never grants), an ``Origin`` of this server when the browser sends one,
+  a JSON body of at most ``MAX_BODY`` bytes with exactly the fields ``action``, ``target``,
+  ``confirm`` and optionally ``reason``, and ``confirm`` equal to ``target``: the page sends it
+  only after its confirmation dialog. Every accepted action is logged with its origin.
 - Bound where told only (a wildcard is refused), with security headers (no framing, a
   same-origin content policy, no caching).
 
 Memory stays bounded: the last ``COMMITS_KEPT`` committed steps and the latest telemetry of each
-node are kept with every other record; a client that cannot keep up is dropped (it reconnects
-and replays).
+node (and the latest ``cluster`` record) are kept with every other record; on the service's
+dashboard, the records of its last ``JOBS_KEPT`` jobs only; the last ``SESSIONS_KEPT`` logins. A
+client that cannot keep up is dropped (it reconnects and replays).
 """
 from __future__ import annotations
 
@@ -32,10 +43,13 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from hotspare.errors import ConfigError
+from hotspare.errors import ConfigError, HotspareError
+from hotspare.observe.cluster import ACTIONS, REASON_MAX
 from hotspare.observe.text import chatty
 
 COMMITS_KEPT = 5000
+JOBS_KEPT = 3             # the service's dashboard shows the newest; the two before are kept for a while
+SESSIONS_KEPT = 64        # logins; an older session must log in again
 CLIENT_QUEUE = 10000
 KEEPALIVE_S = 15.0
 COOKIE = "hotspare_session"
@@ -55,15 +69,19 @@ class _Server(ThreadingHTTPServer):
 
 
 class Dashboard:
-    def __init__(self, host: str, port: int, token: str, log: Callable[[str], None]):
+    def __init__(self, host: str, port: int, token: str, log: Callable[[str], None], operator=None):
+        """``operator``: carries out cordon, drain and uncordon (hotspare.observe.cluster.Operator);
+        None: the dashboard is read-only."""
         from hotspare.observe import page
-        self.token, self.log, self._page = token, log, page
+        self.token, self.log, self._page, self.operator = token, log, page, operator
         self._lock = threading.Lock()
         self._records: list[dict[str, Any]] = []
         self._commits: collections.deque = collections.deque(maxlen=COMMITS_KEPT)
         self._readings: dict[Any, dict[str, Any]] = {}
+        self._cluster: dict[str, Any] | None = None
+        self._jobs: list[str] = []                  # the service's jobs seen, oldest first
         self._clients: set[queue.Queue] = set()
-        self._sessions: set[str] = set()
+        self._sessions: dict[str, str] = {}        # session -> its nonce for state-changing requests
         self._closing = threading.Event()
         handler = type("Handler", (_Handler,), {"dash": self})
         _Server.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -83,8 +101,12 @@ class Dashboard:
     # ------------------------------------------------------------------ the observer's sink
     def __call__(self, rec: dict[str, Any]) -> None:
         with self._lock:
+            if rec["kind"] == "run_start" and rec.get("job") is not None:
+                self._new_job(rec["job"])
             if rec["kind"] == "readings":
-                self._readings[rec["data"].get("node")] = rec
+                self._readings[(rec.get("job"), rec["data"].get("node"))] = rec
+            elif rec["kind"] == "cluster":
+                self._cluster = rec
             elif chatty(rec):
                 self._commits.append(rec)
             else:
@@ -96,16 +118,31 @@ class Dashboard:
                     self._clients.discard(q)
                     q.dropped = True            # type: ignore[attr-defined]
 
+    def _new_job(self, job: str) -> None:
+        """(Under the lock.) A job of the service started: the records of all but the last
+        ``JOBS_KEPT`` go."""
+        self._jobs.append(job)
+        gone, self._jobs = set(self._jobs[:-JOBS_KEPT]), self._jobs[-JOBS_KEPT:]
+        if gone:
+            self._records = [r for r in self._records if r.get("job") not in gone]
+            self._commits = collections.deque((r for r in self._commits if r.get("job") not in gone),
+                                              maxlen=COMMITS_KEPT)
+            self._readings = {k: r for k, r in self._readings.items() if r.get("job") not in gone}
+
+    def _kept(self) -> list[dict[str, Any]]:
+        """(Under the lock.) Every record kept, oldest first."""
+        cluster = [self._cluster] if self._cluster is not None else []
+        return sorted([*self._records, *self._commits, *self._readings.values(), *cluster], key=lambda r: r["t"])
+
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
-            out = [*self._records, *self._commits, *self._readings.values()]
-        return sorted(out, key=lambda r: r["t"])
+            return self._kept()
 
     def subscribe(self) -> tuple[list[dict[str, Any]], queue.Queue]:
         q: queue.Queue = queue.Queue(maxsize=CLIENT_QUEUE)
         with self._lock:
             self._clients.add(q)
-            past = sorted([*self._records, *self._commits, *self._readings.values()], key=lambda r: r["t"])
+            past = self._kept()
         return past, q
 
     def unsubscribe(self, q: queue.Queue) -> None:
@@ -118,14 +155,26 @@ class Dashboard:
             return None
         session = secrets.token_urlsafe(32)
         with self._lock:
-            self._sessions.add(session)
+            self._sessions[session] = secrets.token_urlsafe(32)
+            while len(self._sessions) > SESSIONS_KEPT:
+                del self._sessions[next(iter(self._sessions))]      # the oldest login
         return session
 
-    def valid(self, session: str | None) -> bool:
+    def _known(self, session: str | None) -> str | None:
+        """The session as kept (compared in constant time), None if it is not one."""
         if not session:
-            return False
+            return None
         with self._lock:
-            return any(hmac.compare_digest(session.encode(), s.encode()) for s in self._sessions)
+            return next((s for s in self._sessions if hmac.compare_digest(session.encode(), s.encode())), None)
+
+    def valid(self, session: str | None) -> bool:
+        return self._known(session) is not None
+
+    def nonce(self, session: str | None) -> str | None:
+        """The nonce a state-changing request of ``session`` must carry (None: no such session)."""
+        known = self._known(session)
+        with self._lock:
+            return self._sessions.get(known) if known is not None else None
 
     def close(self) -> None:
         self._closing.set()
@@ -176,7 +225,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(401, "log in first: /login\n", "text/plain; charset=utf-8")
             return self._send(303, "", extra={"Location": "/login"})
         if path == "/":
-            return self._send(200, self.dash._page.PAGE)
+            page = self.dash._page.PAGE
+            if self.dash.operator is not None:       # the nonce, for this session's actions only
+                page = page.replace("<head>", f'<head><meta name="hotspare-nonce" '
+                                              f'content="{self.dash.nonce(self._session())}">', 1)
+            return self._send(200, page)
         if path == "/app.js":
             return self._send(200, self.dash._page.SCRIPT, "text/javascript; charset=utf-8")
         if path == "/api/records":
@@ -215,6 +268,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:      # noqa: N802
         path = urllib.parse.urlsplit(self.path).path
+        if path == "/api/action" and self.dash.operator is not None and self.dash.valid(self._session()):
+            return self._action()
         if path != "/login":
             return self._refuse("POST")
         length = int(self.headers.get("Content-Length") or 0)
@@ -234,8 +289,51 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.dash.valid(self._session()):
             self.dash.log(f"DASHBOARD refused {method} {path} from {self._origin()}: not logged in")
             return self._send(403, "refused: log in first\n", "text/plain; charset=utf-8")
+        if self.dash.operator is not None:
+            self.dash.log(f"DASHBOARD refused {method} {path} from {self._origin()}: not an action")
+            return self._send(404, "the one action is POST /api/action\n", "text/plain; charset=utf-8")
         self.dash.log(f"DASHBOARD refused {method} {path} from {self._origin()}: this dashboard is read-only")
         self._send(405, "this dashboard is read-only\n", "text/plain; charset=utf-8")
+
+    def _action(self) -> None:
+        """A logged-in ``POST /api/action``: checked in full before anything moves; each refusal
+        and each action logged with its origin."""
+        def refuse(code: int, why: str) -> None:
+            self.dash.log(f"DASHBOARD refused POST /api/action from {self._origin()}: {why}")
+            self._send(code, json.dumps({"ok": False, "message": why}), "application/json")
+        origin = self.headers.get("Origin")
+        if origin is not None and origin != f"http://{self.headers.get('Host', '')}":
+            return refuse(403, f"from another origin ({origin[:100]!r})")
+        nonce = self.dash.nonce(self._session()) or ""
+        if not hmac.compare_digest(self.headers.get("X-Hotspare-Nonce", "").encode(), nonce.encode()):
+            return refuse(403, "without this session's nonce (reload the page)")
+        if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
+            return refuse(415, "the body must be application/json")
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            return refuse(411, "no Content-Length")
+        if not 0 < length <= MAX_BODY:
+            return refuse(413, f"a body of {length} bytes (at most {MAX_BODY})")
+        try:
+            req = json.loads(self.rfile.read(length))
+            action, target, reason = _checked(req)
+        except (ValueError, UnicodeDecodeError) as e:
+            return refuse(400, str(e))
+        if req["confirm"] != target:
+            return refuse(400, f"{action} {target} not confirmed: send confirm equal to the target "
+                               f"({target!r}) once the operator has confirmed it")
+        why = f"{reason} (dashboard, {self.client_address[0]})"
+        try:
+            done = self.dash.operator.apply(action, target, why)
+        except (HotspareError, ValueError) as e:
+            return refuse(409, f"{action} {target}: {e}")
+        moves = ", ".join(f"{m['device']} {m['from']} -> {m['to']}" for m in done["moved"]) or "nothing to do"
+        self.dash.log(f"DASHBOARD {action} {target} by {self._origin()}: {moves} ({reason})")
+        for note in done["notes"]:
+            self.dash.log(f"DASHBOARD {note}")
+        self._send(200, json.dumps({"ok": True, "message": f"{action} {target}: {moves}", **done}),
+                   "application/json")
 
     def do_PUT(self) -> None:       # noqa: N802
         self._refuse("PUT")
@@ -245,3 +343,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:     # noqa: N802
         self._refuse("PATCH")
+
+
+FIELDS = frozenset({"action", "target", "confirm", "reason"})
+
+
+def _checked(req: Any) -> tuple[str, str, str]:
+    """(action, target, reason) of an action's body; ValueError, saying what is wrong, otherwise.
+    Whether ``target`` names a host or device here is the operator's to say."""
+    if not isinstance(req, dict):
+        raise ValueError("the body must be a JSON object")
+    extra = set(req) - FIELDS
+    if extra or not {"action", "target", "confirm"} <= set(req):
+        raise ValueError("the fields are action, target, confirm and optionally reason"
+                         + (f" (not {', '.join(sorted(repr(str(k)[:32]) for k in extra))})" if extra else ""))
+    action, target, reason = req["action"], req["target"], req.get("reason", "by the operator")
+    if action not in ACTIONS:
+        raise ValueError(f"action must be one of {', '.join(ACTIONS)}")
+    if not isinstance(target, str) or not 0 < len(target) <= 128 or not target.isprintable():
+        raise ValueError("target must be a host or device name")
+    if not isinstance(reason, str) or len(reason) > REASON_MAX or not reason.isprintable():
+        raise ValueError(f"reason must be printable text of at most {REASON_MAX} characters")
+    return action, target, reason.strip() or "by the operator"

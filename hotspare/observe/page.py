@@ -1,7 +1,13 @@
 """The dashboard's page: plain HTML and JavaScript, served by hotspare/observe/dashboard.py.
 No build step and nothing loaded from elsewhere: the loss curve and the timeline are drawn on a
 canvas and in SVG by the script below. The page keeps its state from the event records alone
-(the schema of hotspare.coordinator.events), replayed then followed over server-sent events."""
+(the schema of hotspare.coordinator.events), replayed then followed over server-sent events.
+
+On the coordinator service's dashboard (``cluster`` records; each job's records carry ``job``)
+the devices are grouped by host, the newest job is shown, and, when the page was served with a
+nonce, each host and device has cordon, drain and uncordon buttons: each asks for a confirmation,
+then posts the action with the nonce; the tile changes colour when the registry's next
+``cluster`` record says so."""
 
 LOGIN = """<!doctype html><html><head><meta charset="utf-8"><title>hotspare: log in</title>
 <style>body{font:15px system-ui,sans-serif;background:#f4f6f8;display:flex;justify-content:center;margin-top:12vh}
@@ -34,11 +40,17 @@ table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.2em .5e
 .legend span{display:inline-block;margin-right:1em;font-size:12px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:3px}
 canvas{width:100%;height:260px}
+.host{flex-basis:100%;margin-bottom:.4em}.hosthead{margin-bottom:.3em}.tiles{display:flex;flex-wrap:wrap;gap:.5em}
+.acts button{font-size:11px;margin:.3em .2em 0 0;padding:.1em .4em}.dev .acts{display:block}
+#actions-bar{margin-bottom:.6em}
+#action-result.ok{color:#27ae60}#action-result.err{color:#c0392b}
 </style></head><body>
 <header><h1>hotspare</h1><span id="job"></span><span id="status">connecting...</span><span id="where"></span></header>
 <main>
 <section class="wide"><div class="counters" id="counters"></div></section>
-<section><h2>Devices</h2><div id="devices"></div>
+<section><h2 id="devices-title">Devices</h2>
+<div id="actions-bar" hidden><input id="reason" maxlength="200" size="32" placeholder="reason (optional)">
+<span id="action-result"></span></div><div id="devices"></div>
 <p class="legend"><span><i class="healthy"></i>healthy</span><span><i class="suspect"></i>suspect</span>
 <span><i class="cordoned"></i>cordoned</span><span><i class="draining"></i>draining</span>
 <span><i class="quarantined"></i>quarantined</span><span><i class="retired"></i>retired</span>
@@ -56,14 +68,32 @@ const PHASES = {detect: "#c0392b", decide: "#e67e22", rebuild_groups: "#8e44ad",
                 first_committed_step: "#27ae60"};
 const S = {start: null, job: {}, devices: {}, readings: {}, placement: [], spares: [], gen: 0, world: 0,
            step: null, dt: null, curve: [], failures: [], recovered: {}, failovers: {}, migrations: [],
-           health: [], end: null, last: null};
+           health: [], end: null, last: null, cluster: null, jobName: null};
+const NONCE = (document.querySelector('meta[name="hotspare-nonce"]') || {}).content || null;
+const CONFIRM = {
+  cordon: t => `Cordon ${t}?\n\nNo new work is placed on it; what runs there keeps running.`,
+  drain: t => `Drain ${t}?\n\nIt is cordoned, and a rank on it is moved to a spare at the next step boundary; ` +
+              "then it is quarantined for diagnostics.",
+  uncordon: t => `Uncordon ${t}?\n\nIt returns to service (a quarantined device returns only by passing ` +
+                 "its diagnostics)."};
 const $ = id => document.getElementById(id);
 const ENT = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"};
 const esc = s => String(s).replace(/[&<>"']/g, c => ENT[c]);
 const key = d => d.worker + "@" + d.step;
 
+function resetJob() {
+  for (const k of ["placement", "spares", "curve", "failures", "migrations", "health"]) S[k] = [];
+  Object.assign(S, {start: null, job: {}, gen: 0, world: 0, step: null, dt: null, recovered: {}, failovers: {},
+                    end: null});
+}
+
 function apply(r) {
   const d = r.data; S.last = r.t;
+  if (r.kind === "cluster") { S.cluster = d; for (const x of d.devices) S.devices[x.device] = x; return; }
+  if (r.job !== undefined && r.job !== S.jobName) {       // the service's page follows its newest job
+    if (r.kind !== "run_start") return;
+    resetJob(); S.jobName = r.job;
+  }
   switch (r.kind) {
     case "run_start": S.start = r.t; S.job = d.job; break;
     case "devices": for (const x of d.devices) S.devices[x.device] = x; break;
@@ -107,21 +137,64 @@ function counters() {
     `<div class="counter"><b>${esc(v)}</b><span>${esc(k)}</span></div>`).join("");
 }
 
+function buttons(target) {
+  if (!NONCE) return "";
+  return `<span class="acts">` + Object.keys(CONFIRM).map(a =>
+    `<button data-action="${a}" data-target="${esc(target)}">${a}</button>`).join("") + "</span>";
+}
+
+let devicesHtml = "";
 function devices() {
   const onDev = {}; for (const p of S.placement) if (p.device) onDev[p.device] = "rank " + p.rank;
   for (const p of S.spares) if (p.device) onDev[p.device] = "spare " + p.worker;
-  const names = Object.keys(S.devices).sort();
-  $("devices").innerHTML = names.map(name => {
-    const x = S.devices[name], m = S.readings[name] || {}, who = onDev[name] || "idle";
+  const tile = name => {
+    const x = S.devices[name] || {state: "unknown"}, m = S.readings[name] || {}, who = onDev[name] || "idle";
     const read = Object.entries(m).filter(([k, v]) => typeof v !== "object").map(([k, v]) => `${k} ${v}`).join(", ");
     const tip = `${name}: ${x.state} (${x.reason || ""})\n${who}\n${read}`;
     const spare = who.startsWith("spare") ? " spare" : "";
     const temp = m.temp_c !== undefined ? "<br>" + esc(m.temp_c) + " C" : "";
     return `<div class="dev ${esc(x.state)}${spare}" data-device="${esc(name)}" data-state="${esc(x.state)}" ` +
-           `title="${esc(tip)}"><b>${esc(name)}</b>${esc(x.state)}<br>${esc(who)}${temp}</div>`;
-  }).join("");
+           `title="${esc(tip)}"><b>${esc(name)}</b>${esc(x.state)}<br>${esc(who)}${temp}${buttons(name)}</div>`;
+  };
+  let html;
+  if (S.cluster) {
+    $("devices-title").textContent = "Cluster: hosts and devices";
+    const inHosts = new Set(S.cluster.hosts.flatMap(h => h.devices));
+    const rest = Object.keys(S.devices).filter(n => !inHosts.has(n)).sort();
+    html = S.cluster.hosts.map(h => `<div class="host" data-host="${esc(h.name)}"><div class="hosthead">` +
+      `<b>${esc(h.name)}</b> ${esc(h.phase)}${h.spare ? " (spare host)" : ""} ${buttons(h.name)}</div>` +
+      `<div class="tiles">${h.devices.map(tile).join("")}</div></div>`).join("") +
+      (rest.length ? `<div class="host"><div class="hosthead">not registered now</div>` +
+                     `<div class="tiles">${rest.map(tile).join("")}</div></div>` : "");
+  } else {
+    html = Object.keys(S.devices).sort().map(tile).join("");
+  }
+  if (html !== devicesHtml) { devicesHtml = html; $("devices").innerHTML = html; }   // a button keeps its click
   $("ranks").tBodies[0].innerHTML = S.placement.map(p =>
     `<tr><td>${p.rank}</td><td>${esc(p.worker)}</td><td>${esc(p.device || "-")}</td></tr>`).join("");
+}
+
+async function act(action, target) {
+  const out = $("action-result");
+  if (!confirm(CONFIRM[action](target))) {
+    out.className = ""; out.textContent = `${action} ${target}: not confirmed`; return;
+  }
+  const reason = $("reason").value.trim() || "by the operator";
+  out.className = ""; out.textContent = `${action} ${target}...`;
+  try {
+    const r = await fetch("/api/action", {method: "POST", credentials: "same-origin",
+      headers: {"Content-Type": "application/json", "X-Hotspare-Nonce": NONCE},
+      body: JSON.stringify({action, target, confirm: target, reason})});
+    const body = await r.json();
+    out.className = body.ok ? "ok" : "err"; out.textContent = body.message;
+  } catch (e) { out.className = "err"; out.textContent = `${action} ${target}: ${e}`; }
+}
+if (NONCE) {
+  $("actions-bar").hidden = false;
+  $("devices").addEventListener("click", e => {
+    const b = e.target.closest("button[data-action]");
+    if (b) act(b.dataset.action, b.dataset.target);
+  });
 }
 
 function curve() {
@@ -187,7 +260,8 @@ let pending = false;
 function render() {
   pending = false;
   $("job").textContent = S.job.script ? `${S.job.script.split("/").pop()} ${(S.job.args || []).join(" ")}` : "";
-  $("status").textContent = S.end ? `${S.end.data.outcome} (exit ${S.end.data.exit_code})` : "running";
+  $("status").textContent = S.end ? `${S.end.data.outcome} (exit ${S.end.data.exit_code})` :
+    S.start !== null ? "running" : S.cluster ? "no job yet" : "connecting...";
   $("where").textContent = S.world ? `${S.world} ranks, gen ${S.gen}` : "";
   counters(); devices(); curve(); timeline();
 }
@@ -197,5 +271,6 @@ const source = new EventSource("/events");
 source.onmessage = e => { apply(JSON.parse(e.data)); schedule(); };
 source.onerror = () => { if (S.end) { source.close(); } else { $("status").textContent = "reconnecting..."; } };
 source.onopen = () => { for (const k of Object.keys(S)) if (Array.isArray(S[k])) S[k].length = 0;
-  S.recovered = {}; S.failovers = {}; S.devices = {}; S.readings = {}; S.end = null; };
+  S.recovered = {}; S.failovers = {}; S.devices = {}; S.readings = {}; S.end = null; S.cluster = null;
+  S.jobName = null; S.start = null; devicesHtml = ""; };
 """

@@ -86,7 +86,7 @@ def observe(args: argparse.Namespace, report: str | None, coordinator, ledger, h
             sinks.append(file)
             log(f"events: {path} (hotspare events --follow {path})")
         if args.dashboard is not None:
-            dashboard = _dashboard(args.dashboard, secret, log)
+            dashboard = open_dashboard(args.dashboard, secret, log, "read-only")
             sinks.append(dashboard)
     except Exception:
         for part in (server, file):
@@ -98,9 +98,9 @@ def observe(args: argparse.Namespace, report: str | None, coordinator, ledger, h
     return Watch(observer, file, server, path, dashboard)
 
 
-def _dashboard(address: str, secret: bytes, log: Callable[[str], None]):
-    """The dashboard on ``address``; its login token (derived from the job's secret) in a file
-    only this user can read, whose path is logged (never the token)."""
+def open_dashboard(address: str, secret: bytes, log: Callable[[str], None], what: str):
+    """The dashboard on ``address``; its login token (derived from the secret) in a file only
+    this user can read, whose path is logged (never the token) with ``what`` it allows."""
     import os
     import tempfile
 
@@ -120,5 +120,5 @@ def _dashboard(address: str, secret: bytes, log: Callable[[str], None]):
         shutil.rmtree(folder, ignore_errors=True)
         raise
     dash.token_folder = folder
-    log(f"dashboard: http://{dash.address}/ (read-only; log in with the token in {token_file})")
+    log(f"dashboard: http://{dash.address}/ ({what}; log in with the token in {token_file})")
     return dash

@@ -30,6 +30,7 @@ import heapq
 import math
 from collections import Counter
 from itertools import islice
+from typing import Callable
 
 import numpy as np
 
@@ -407,10 +408,10 @@ def auto_spares(cfg: FleetConfig, lam: float) -> int:
 
 
 def simulate(cfg: FleetConfig, seeds: int = 20, seed: int = 0, record: bool = False,
-             borrow_and_shrink: bool = True) -> FleetResult:
+             borrow_and_shrink: bool = True, progress: Callable[[], None] | None = None) -> FleetResult:
     """Replay ``seeds`` independent failure traces of the job under every policy: checkpoint-
     restart, and live failover with dedicated spares, borrowed ones and shrinking (the last two
-    can be left out, e.g. for the plot's size sweep)."""
+    can be left out, e.g. for the plot's size sweep). ``progress``: called after each seed."""
     cfg.validate()
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1 (got {seeds})")
@@ -430,5 +431,7 @@ def simulate(cfg: FleetConfig, seeds: int = 20, seed: int = 0, record: bool = Fa
             clock = shrink_clock(trace.times, trace.repair, trace.nodes, shards.copy_of, shards.copies,
                                  cfg.downtime, horizon)
             runs["shrink"].append(_replay(cfg, trace, "shrink", tau, 0, record, clock))
+        if progress is not None:
+            progress()
     return FleetResult(cfg, plan, spares, runs["checkpoint"], runs["hotspare"], runs["borrow"],
                        runs["shrink"], lendable)

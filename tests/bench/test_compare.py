@@ -86,3 +86,14 @@ def test_table_shows_ratios_against_hotspare():
     text = compare.table([hs, ck], hs_jct=6.0)
     assert "ckpt-yd" in text and "0.50" in text
     assert compare._ratios([hs, ck]) == (6.0, {"ckpt-yd": 0.5})
+
+
+@pytest.mark.parametrize("argv, runs", [
+    (["--systems", "hotspare,ckpt-legacy,ckpt-yd"], 2 + 3 + 1 + 2),   # references, systems; replica probe, systems
+    (["--quick", "--systems", "hotspare,ckpt-legacy"], 2 + 2),
+    (["--quick", "--systems", "ckpt-yd"], 1 + 1 + 1),         # plain reference, the cost probe, ckpt-yd
+    (["--quick", "--systems", "ckpt-yd", "--yd-every", "5"], 1 + 1),
+    (["--replica-only", "--systems", "hotspare,ckpt-yd"], 1 + 1),
+])
+def test_the_progress_line_counts_the_jobs_it_will_start(argv, runs):
+    assert compare.planned_runs(compare.parse_args(argv)) == runs

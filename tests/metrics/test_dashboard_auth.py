@@ -95,3 +95,25 @@ def test_a_wildcard_address_is_refused():
     from hotspare.observe.metrics import parse_address
     with pytest.raises(ConfigError, match="--dashboard 0.0.0.0:8080: .*not a wildcard"):
         parse_address("0.0.0.0:8080", "--dashboard")
+
+
+def test_the_service_dashboard_keeps_its_last_jobs_and_logins_only():
+    from hotspare.observe.dashboard import JOBS_KEPT, SESSIONS_KEPT
+    d = Dashboard("127.0.0.1", 0, dashboard_token(b"s" * 32), lambda line: None)
+    try:
+        jobs = [f"j{i}" for i in range(1, JOBS_KEPT + 3)]
+        for i, job in enumerate(jobs):
+            t = T + 10 * i
+            d({**ev.record("run_start", t, {"job": {"script": "train.py"}, "schema": ev.SCHEMA}), "job": job})
+            d({**ev.record("failure", t + 1, {"rank": 1, "worker": f"{job}.w1", "step": 3, "kind": "killed"}), "job": job})
+            d({**ev.record("readings", t + 2, {"node": "hosta", "readings": []}), "job": job})
+        d(ev.record("cluster", T + 100, {"hosts": [], "devices": []}))
+        kept = d.snapshot()
+        assert {r["job"] for r in kept if "job" in r} == set(jobs[-JOBS_KEPT:])
+        assert [r["kind"] for r in kept if r.get("job") == jobs[-1]] == ["run_start", "failure", "readings"]
+        assert kept[-1]["kind"] == "cluster"
+        sessions = [d.login(dashboard_token(b"s" * 32)) for _ in range(SESSIONS_KEPT + 1)]
+        assert not d.valid(sessions[0]) and d.valid(sessions[1]) and d.valid(sessions[-1])
+        assert d.nonce(sessions[-1]) != d.nonce(sessions[-2])
+    finally:
+        d.close()

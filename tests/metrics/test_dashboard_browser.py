@@ -1,8 +1,10 @@
 """In a real headless Chromium (Debian's chromium + chromium-driver, driven by Selenium): the
 dashboard of a running job asks for the token, then shows the job live; when rank 2's device
 reports Xid 79 (the GPU fell off the bus) the timeline shows the failure and the recovery and
-the device's tile changes colour from healthy. A screenshot is kept ($HOTSPARE_ARTIFACTS, or the
-test's temp folder)."""
+the device's tile changes colour from healthy. The coordinator service's dashboard shows its
+agent's host and devices; an operator clicks cordon on a device, the page asks for a
+confirmation, and once confirmed the tile changes colour (a dismissed dialog changes nothing).
+Screenshots are kept ($HOTSPARE_ARTIFACTS, or the test's temp folder)."""
 import os
 import re
 import shutil
@@ -107,3 +109,80 @@ def test_dashboard_shows_the_failure_the_recovery_and_the_device_turning_unhealt
             except subprocess.TimeoutExpired:
                 os.killpg(job.pid, signal.SIGKILL)
                 job.wait()
+
+
+def test_service_dashboard_cordons_a_device_after_a_confirmation(tmp_path):
+    import secrets as _secrets
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    artifacts = Path(os.environ.get("HOTSPARE_ARTIFACTS", tmp_path))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    secret = tmp_path / "secret"
+    secret.write_text(_secrets.token_hex(32))
+    secret.chmod(0o600)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log, agent_log = tmp_path / "service.log", tmp_path / "agent.log"
+    procs = [subprocess.Popen([sys.executable, "-m", "hotspare", "coordinator", "--listen", f"127.0.0.1:{port}",
+                               "--state", str(tmp_path / "state"), "--secret-file", str(secret),
+                               "--dashboard", "127.0.0.1:0"], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                              env=env, start_new_session=True)]
+    browser = None
+    try:
+        line = _wait("dashboard line", lambda: re.search(r"dashboard: (http://\S+) .*token in (\S+)\)",
+                                                         log.read_text()), 60, procs[0])
+        url, token = line.group(1), Path(line.group(2)).read_text().strip()
+        procs.append(subprocess.Popen([sys.executable, "-m", "hotspare", "agent", "--coordinator", f"127.0.0.1:{port}",
+                                       "--secret-file", str(secret), "--devices", "cpu:2", "--name", "hosta"],
+                                      stdout=open(agent_log, "w"), stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True))
+        browser = _browser()
+        browser.get(url)
+        assert browser.current_url.endswith("/login")
+        browser.execute_script("document.getElementById('token').value = arguments[0]", token)
+        browser.execute_script("document.getElementById('login').click()")
+
+        def js(code, *args):
+            return browser.execute_script(code, *args)
+        tile = ("const t = document.querySelector(`.dev[data-device='${arguments[0]}']`);"
+                "return t ? [t.dataset.state, getComputedStyle(t).backgroundColor] : null;")
+        state, before = _wait("hosta/cpu1's tile", lambda: js(tile, "hosta/cpu1"), 60, procs[0])
+        assert state == "healthy", state
+        button = 'button[data-action="{}"][data-target="hosta/cpu1"]'
+
+        browser.find_element(By.CSS_SELECTOR, button.format("drain")).click()      # dismissed: nothing happens
+        alert = WebDriverWait(browser, 10).until(expected_conditions.alert_is_present())
+        assert alert.text.startswith("Drain hosta/cpu1?"), alert.text
+        alert.dismiss()
+        assert "not confirmed" in js("return document.getElementById('action-result').textContent")
+
+        browser.find_element(By.CSS_SELECTOR, button.format("cordon")).click()
+        alert = WebDriverWait(browser, 10).until(expected_conditions.alert_is_present())
+        assert alert.text.startswith("Cordon hosta/cpu1?"), alert.text
+        alert.accept()
+        state, after = _wait("hosta/cpu1 cordoned", lambda: (
+            v if (v := js(tile, "hosta/cpu1")) and v[0] != "healthy" else None), 30, procs[0])
+        assert state == "cordoned" and after != before, (state, before, after)
+        assert js(tile, "hosta/cpu0")[0] == "healthy"
+        assert "hosta/cpu1 healthy -> cordoned" in js("return document.getElementById('action-result').textContent")
+        assert re.search(r"DASHBOARD cordon hosta/cpu1 by 127\.0\.0\.1:\d+: hosta/cpu1 healthy -> cordoned",
+                         log.read_text()), log.read_text()[-2000:]
+        assert "DASHBOARD drain" not in log.read_text()
+        browser.save_screenshot(str(artifacts / "service-dashboard.png"))
+    finally:
+        if browser is not None:
+            browser.quit()
+        for p in reversed(procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
