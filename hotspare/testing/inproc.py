@@ -121,3 +121,19 @@ def run_inproc(script_args: list[str], nproc: int = 4, spares: int = 1, inject: 
         atexit.register(_launcher.close)
     return _launcher.run(script_args, nproc=nproc, spares=spares, inject=inject, script=script, extra=extra,
                          timeout=timeout, env=env)
+
+
+_fault_free: dict[tuple, JobResult] = {}
+
+
+def fault_free(script_args: list[str], nproc: int = 4, script: str | Path = EXAMPLE,
+               extra: list[str] = ()) -> JobResult:
+    """The fault-free run of a job, once per test session (the reference several test modules
+    compare their faulted runs with): a successful run is kept, keyed by its arguments."""
+    key = (tuple(script_args), nproc, str(script), tuple(extra))
+    if key not in _fault_free:
+        result = run_inproc(script_args, nproc=nproc, spares=1, script=script, extra=extra)
+        if result.code != 0 or not result.report or result.report["failures_total"] != 0:
+            return result               # not kept: the caller's assertion shows why
+        _fault_free[key] = result
+    return _fault_free[key]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hotspare.checkpoint import CheckpointError, save
-from hotspare.testing.inproc import run_inproc
+from hotspare.testing.inproc import fault_free, run_inproc
 from hotspare.testing.local import EXAMPLE, REPO
 
 # dcp.save(no_dist=True) warns that it assumes one process: that is the design.
@@ -26,7 +26,7 @@ SCRIPTS = REPO / "tests" / "scripts"
 
 @pytest.fixture(scope="module")
 def reference():
-    r = run_inproc(ARGS)
+    r = fault_free(ARGS)
     assert r.code == 0, r.output
     return r.digest
 

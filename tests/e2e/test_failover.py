@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hotspare.testing.inproc import run_inproc
+from hotspare.testing.inproc import fault_free, run_inproc
 from hotspare.testing.local import EXAMPLE, REPO
 
 ARGS = ["--model", "tiny", "--steps", "40"]
@@ -18,7 +18,7 @@ ARGS = ["--model", "tiny", "--steps", "40"]
 
 @pytest.fixture(scope="module")
 def reference():
-    result = run_inproc(ARGS, nproc=4, spares=1)
+    result = fault_free(ARGS)
     assert result.code == 0, result.output
     assert result.report["failures_total"] == 0 and result.report["replicas_consistent"]
     return result.digest

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hotspare.testing.inproc import run_inproc
+from hotspare.testing.inproc import fault_free, run_inproc
 from hotspare.testing.local import EXAMPLE
 
 ARGS = ["--model", "tiny", "--steps", "40"]
@@ -15,7 +15,7 @@ FAST = ["--hang-floor", "1"]
 
 @pytest.fixture(scope="module")
 def reference():
-    r = run_inproc(ARGS)
+    r = fault_free(ARGS)
     assert r.code == 0, r.output
     return r.digest
 
