@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hotspare.cli import preflight
+from hotspare.config import preflight
 from hotspare.config import (CapacityConfig, CheckpointConfig, FaultConfig, HangConfig, HealthConfig, LaunchConfig,
                              RunConfig, add_arguments, from_namespace, to_argv)
 from hotspare.config.doc import render
