@@ -103,13 +103,15 @@ class IterationTop:
             job.protocol.changed_between.update(job.rankstate.changed_parts(own, now))
         self.state = (job.committed + 1, now)
         m = job.members
-        # Once this generation committed a step, every rank gathers here (none before: a
-        # generation's ranks arrive at their first top from different places).
-        if m is not None and not m.broken and job.protocol.committed_gen == m.generation:
+        # What this rank changed since its last exchange goes to the job's store before the step
+        # begins (this rank alone: no collective), for a source to restore it from if it is lost
+        # in this step (runtime/rankstate.py, RowTable.publish_top).
+        if m is not None and m.rank is not None:
             try:
-                job.rows.begin_top(m.group, m.world_size, job.committed + 1, now)
-            except Exception as e:      # noqa: BLE001 - the generation broke: the step fails there
-                job.collectives.note(e)
+                job.rows.publish_top(m.store, m.rank, job.committed + 1, now)
+            except Exception as e:      # noqa: BLE001 - the launcher's store is gone: the job is ending
+                print(f"hotspare: rank {m.rank}: could not publish its state at the top of step "
+                      f"{job.committed + 1}: {e}", file=sys.stderr, flush=True)
 
 
 def finish_early_stop(job: Job) -> None:

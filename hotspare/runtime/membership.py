@@ -96,7 +96,6 @@ class Membership:
             nbytes, transfer_s = nbytes + nb, transfer_s + ts
         else:
             self.pending_sync = msg        # the initial sync, once the script has tracked its state
-        self.rows.drop_top()               # the old generation's top-of-iteration gather is spent
         self.link.send("joined", gen=self.generation, rank=self.rank, bytes=nbytes,
                        committed=self.progress.committed, pending=self.pending_sync is not None,
                        timings={"rebuild": rebuild_s, "transfer": transfer_s})
@@ -119,7 +118,7 @@ class Membership:
             if self.progress.committed != target:
                 raise StateMismatch(f"rank {self.rank} was chosen as source for step {target} "
                                     f"but holds step {self.progress.committed}")
-            stats = self.sync.send(self.group.store, key, target, self.rows.start_rows(target),
+            stats = self.sync.send(self.group.store, key, target, self.rows.start_rows(target, self.store, self.world_size),
                                    self.world_size, source, receivers)
         else:
             self.hooks.transfer(self.generation, self.rank, "receiver")

@@ -280,9 +280,11 @@ class RowTable:
 
     What a rank changes in its own state after its step's last exchange (random numbers drawn
     by rank-0-only work after the backward, after the ``with step:`` block or between steps)
-    reaches its peers with its next exchange. ``close`` notices it on the rank that did it
-    (``changed_after_exchange``): if that rank is lost before its next exchange, its replacement
-    starts from the gathered row, and the report says so (runtime/steps.py).
+    is published at the top of the next loop iteration (``publish_top``): that rank alone, only
+    when its state there differs from the row its peers hold, writes it to the job's store
+    (a point-to-point write, no collective: its peers need not know it changed anything), and
+    a source that recovers the rank starts it from that row (``start_rows``). ``close`` notices
+    the change on the rank that did it (``changed_after_exchange``, runtime/steps.py).
 
     The rows of the step before stay too: a rank whose step fails after the gather (a failed
     vote) is still at that step, and may be the source."""
@@ -293,10 +295,6 @@ class RowTable:
         self._inflight: tuple[int, Any, torch.Tensor, torch.Tensor] | None = None  # (step, work, rows, own)
         self._own: tuple[int, torch.Tensor] | None = None    # (step, this rank's row) of its last exchange
         self.own_at_commit: torch.Tensor | None = None       # this rank's state as its last step committed
-        # Every rank's state at the top of a loop iteration (what it did after its last exchange
-        # included), gathered there and waited for at the iteration's exchange: (step, work, rows)
-        self._top: tuple[int, Any, torch.Tensor] | None = None
-        self._top_done: tuple[int, torch.Tensor] | None = None   # (step, rows) of a finished one
 
     def begin(self, group: Any, world: int, step: int) -> None:
         if self._inflight is not None:
@@ -305,39 +303,39 @@ class RowTable:
         wire, rows = _on_wire(group, own, world)
         self._inflight = (step, group.all_gather(rows, wire), rows, own)
 
-    def begin_top(self, group: Any, world: int, step: int, own: torch.Tensor) -> None:
-        """At the top of the iteration of ``step``, on every rank alike: gather every rank's state
-        there, so that a rank lost in this step is restored with what it did after its last
-        exchange (an EMA updated after the block, a rank-0 evaluation)."""
-        wire, rows = _on_wire(group, own, world)
-        self._top = (step, group.all_gather(rows, wire), rows)
+    def publish_top(self, store: Any, rank: int, step: int, own: torch.Tensor) -> bool:
+        """At the top of the iteration of ``step``: if this rank's state ``own`` differs from the
+        row its peers hold of it (its last exchange's, of step ``step - 1``), write it to the
+        job's ``store`` under this rank, before the step begins, so a rank lost in this step is
+        restored with what it did after that exchange (an EMA updated after the block, a rank-0
+        evaluation). Nothing is written, and nothing waited for, when nothing changed: the common
+        case costs one comparison. True when written."""
+        held = self._own
+        if held is not None and held[0] == step - 1 and held[1].numel() == own.numel() and torch.equal(held[1], own):
+            return False
+        header = torch.tensor([step, own.numel()], dtype=torch.int64).view(torch.uint8)
+        store.set(_top_key(rank), torch.cat([header, own.cpu()]).numpy().tobytes())
+        return True
 
-    def finish_top(self) -> None:
-        top, self._top = self._top, None
-        if top is not None:
-            step, work, rows = top
-            work.wait()
-            self._top_done = (step, rows.cpu())
-
-    def drop_top(self) -> None:
-        self._top = self._top_done = None
-
-    def start_rows(self, step: int) -> torch.Tensor | None:
-        """Every rank's state to start step ``step + 1`` from: the top of that iteration when its
-        gather completed, else the rows of step ``step``'s exchange."""
-        top = self._top
-        if top is not None and top[0] == step + 1 and top[1].is_completed():
-            try:
-                self.finish_top()
-            except Exception:       # noqa: BLE001 - failed with the generation: not there
-                self._top = None
-        done = self._top_done
-        if done is not None and done[0] == step + 1:
-            return done[1]
-        return self.rows_for(step)
+    def start_rows(self, step: int, store: Any = None, world: int = 0) -> torch.Tensor | None:
+        """Every rank's state to start step ``step + 1`` from: the rows of step ``step``'s last
+        exchange, with the row each rank published at the top of that iteration instead where it
+        did (``publish_top``; read from ``store``)."""
+        rows = self.rows_for(step)
+        if rows is None or store is None or world < 1:
+            return rows
+        rows = rows.clone().view(world, -1)
+        for rank in range(world):
+            key = _top_key(rank)
+            if not store.check([key]):
+                continue
+            blob = torch.frombuffer(bytearray(store.get(key)), dtype=torch.uint8)
+            top, n = (int(v) for v in blob[:16].view(torch.int64))
+            if top == step + 1 and n == rows.shape[1] and blob.numel() == 16 + n:
+                rows[rank] = blob[16:]
+        return rows.view(-1)
 
     def finish(self) -> None:
-        self.finish_top()
         inflight, self._inflight = self._inflight, None
         if inflight is None:
             return
@@ -350,7 +348,6 @@ class RowTable:
         """At the end of step ``step`` on every rank: gather if the step had no exchange; the
         names of this rank's per-rank parts that changed after its last exchange."""
         self._inflight = None
-        self.finish_top()
         now = self.state.capture()
         if self._own is None or self._own[0] != step:
             wire, rows = _on_wire(group, now, world)
@@ -373,6 +370,10 @@ class RowTable:
 
     def rows_for(self, step: int) -> torch.Tensor | None:
         return next((r for s, r in self._kept if s == step), None)
+
+
+def _top_key(rank: int) -> str:
+    return f"hotspare/top/{rank}"
 
 
 def _on_wire(group: Any, own: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -58,7 +58,6 @@ class StepProtocol:
         self._reported_gen = -1                # the generation whose first commit was reported
         self._warned_after_exchange = False
         self._said_changed: tuple[list[str], int] | None = None   # (parts, step) last reported changed
-        self.committed_gen = -1                # the generation of this rank's last commit
         self._side: list = []                  # DDP's own collectives of this backward (reduce_side)
         self.changed_between: set[str] = set()  # per-rank parts changed between steps (Job._resume_point)
         # Outside hotspare run, rank 0 prints its metrics at most every print_every seconds.
@@ -85,12 +84,6 @@ class StepProtocol:
         self._t0 = time.perf_counter()
         if self.managed:
             m = self.members
-            # Every rank's state at this iteration's top is on every peer before the step begins:
-            # a rank lost in it is restored with what it did after its last exchange.
-            try:
-                self.rows.finish_top()
-            except Exception as e:      # noqa: BLE001 - the generation broke: the step fails at its exchange
-                self.collectives.note(e)
             self.hooks.step_begins(m.generation, m.rank, step, self.total)
             # The state a re-run of this step starts from (grads: which are None, which zero).
             self._entry_buf = self.rankstate.capture(self._entry_buf)
@@ -140,7 +133,6 @@ class StepProtocol:
         dt = now - self._t0
         self.step_times.append(dt)
         if self.managed:
-            self.committed_gen = self.members.generation
             exch = self._exchange_t if self._exchange_t is not None else now
             v = self.vote
             # said when the set of parts changes, and at most every REPEAT_CHANGED steps otherwise

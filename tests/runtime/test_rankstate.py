@@ -116,3 +116,31 @@ def test_a_rolled_back_step_gets_the_same_batches_and_leaves_the_generator_as_ta
 def test_loaders_a_replacement_cannot_reproduce_are_refused():
     with pytest.raises(ConfigError, match="persistent_workers"):
         _standalone(DataLoader(Squares(), num_workers=1, persistent_workers=True), "l")
+
+
+def test_a_rank_publishes_its_top_row_only_when_it_changed_after_its_exchange():
+    """RowTable.publish_top / start_rows over a real store: a rank whose state at the top of
+    step k+1 differs from its row of step k's exchange writes it; a source restoring step k
+    takes that row for it, and the exchange's rows for the others."""
+    import torch.distributed as dist
+    from hotspare.runtime.rankstate import RankState, RowTable
+    g = torch.Generator().manual_seed(1)
+    state = RankState()
+    state.add_generator("g", g)
+    table = RowTable(state)
+    store = dist.HashStore()
+    own = state.capture()
+    world = 3
+    table.keep(4, own.repeat(world))                   # every rank's row of step 4's exchange
+    table._own = (4, own)
+    assert not table.publish_top(store, 1, 5, state.capture())   # nothing changed: nothing written
+    assert not store.check(["hotspare/top/1"])
+    torch.rand(3, generator=g)                          # rank-0-only work after the block draws
+    now = state.capture()
+    assert table.publish_top(store, 1, 5, now)
+    rows = table.start_rows(4, store, world).view(world, -1)
+    assert torch.equal(rows[1], now) and torch.equal(rows[0], own) and torch.equal(rows[2], own)
+    # a row published at another step's top is not this one's
+    assert not torch.equal(table.start_rows(4, store, world), table.rows_for(4))
+    table.keep(5, own.repeat(world))
+    assert torch.equal(table.start_rows(5, store, world), table.rows_for(5))
