@@ -31,11 +31,14 @@ from hotspare.service.priority import class_name
 
 @dataclass(frozen=True)
 class Want:
-    """A running job short of ``slots`` device slots for ranks it lost (no spare, no free device)."""
+    """A running job short of ``slots`` device slots for ranks it lost (no spare, no free device).
+    ``exclude``: hosts it may not be given, those it worked on already (a host it lost comes back
+    to it only under another name: its coordinator refuses a lost node's name)."""
     job: str
     priority: int
     slots: int
     since: float
+    exclude: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ def decide_loans(wants: list[Want], idle: list[Idle], holders: list[Holder],
         if want.job in paused_now:
             waiting[want.job] = f"{who} is paused to lend its own devices: it waits in the queue instead"
             continue
-        free = [(h.host, h.slots) for h in sorted(idle, key=lambda h: (not h.spare, h.host)) if h.host not in taken]
+        free = [(h.host, h.slots) for h in sorted(idle, key=lambda h: (not h.spare, h.host))
+                if h.host not in taken and h.host not in want.exclude]
         pick = _cover(free, want.slots)
         if pick is not None:
             hosts = tuple(h for h, _ in pick)

@@ -62,7 +62,7 @@ class Lending:
             if r is not None and r.pausing is None:
                 given = sum(self._slots(h) for h, (loan, _) in self._promised.items() if loan.borrower == job)
                 given += sum(r.spare_hosts.get(h, 0) for h in r.nodes[seen:])
-                wants.append(Want(job, r.policy.priority, slots - given, since))
+                wants.append(Want(job, r.policy.priority, slots - given, since, frozenset(r.nodes)))
         for job, r in self.runners.items():
             hosts = tuple((n, self._slots(n)) for n in r.nodes if n in self.hosts
                           and (self.hosts[n].state.phase, self.hosts[n].state.job) == (HostPhase.BUSY, job))

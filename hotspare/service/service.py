@@ -279,7 +279,7 @@ class Service(Clients, Lending):
         """A spare host that joins while a job runs short of spare slots goes to that job."""
         with self._lock:
             wanting = queue_order([r for r in self.runners.values() if r.spare_slots() < r.cfg.capacity.spares
-                                   and not r.coord.view.phase.over and r.pausing is None],
+                                   and not r.coord.view.phase.over and r.pausing is None and name not in r.nodes],
                                   key=lambda r: (r.policy.priority, r.started_at))
             if not wanting or self.hosts[name].state.phase is not HostPhase.IDLE:
                 return

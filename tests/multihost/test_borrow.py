@@ -76,3 +76,36 @@ def test_a_production_job_borrows_the_best_effort_jobs_host_which_pauses_and_res
     assert pause["lost_steps"] == 0 and pause["checkpoint_step"] == pause["committed_step"] >= 100
     assert report["job"]["resume"].endswith(f"step-{pause['checkpoint_step']:09d}")
     assert set(report["nodes"]) == {"hostb"}
+
+
+
+def test_never_from_an_equal_priority_job_the_borrower_waits_until_the_failed_host_returns(
+        cluster, net, references, tmp_path):
+    """The same full pool, but j2 is production too (and preemptible): nobody may lend. j1 waits
+    for a device (it is said why); j2 is never touched. A new agent starts on hostb, named hostd
+    (a host j1 lost comes back to it only under a new name): idle in the pool, it is lent to j1
+    at once, whose rank 1 resumes from rank 0's memory. Both end bitwise equal to their
+    fault-free runs."""
+    reference_high, reference_low = references
+    for host in ("hosta", "hostb", "hostc"):
+        cluster.start_agent(host, devices=1)
+    high = cluster.submit(2, 1, 0, str(EXAMPLE), HIGH, run_args=["--priority", "production", "--log-every", "10"])
+    cluster.log.wait_for(rf"\[{high}\] placed: ranks on hosta, hostb", 60)
+    other = cluster.submit(1, 1, 0, str(EXAMPLE), LOW, run_args=[
+        "--priority", "production", "--preemptible", "--checkpoint-dir", str(tmp_path / "ck"), "--log-every", "10"])
+    cluster.log.wait_for(rf"\[{other}\] step\s+100/", 120)
+    cluster.log.wait_for(rf"\[{high}\] step\s+100/", 120)
+    assert net.kill_all(net["hostb"].ns)
+    cluster.log.wait_for(rf"\[{high}\] LOAN    waiting: .*{other} \(production\) is not of lower priority", 60)
+    cluster.start_agent("hostb", devices=1, name="hostd")
+    cluster.log.wait_for(rf"\[{high}\] LOAN    .*idle host\(s\) hostd of the pool take the lost rank", 60)
+    row, report = cluster.wait_job(high)
+    log = cluster.log.text()
+    assert row["state"] == "finished" and report["final_state_digest"] == reference_high, log
+    assert report["steps_lost"] == 0 and [f["recovery_path"] for f in report["failures"]] == ["memory"]
+    (loan,) = report["loans"]
+    assert (loan["data"]["lender"], loan["data"]["hosts"]) == ("", ["hostd"])
+    assert f"[{high}] NODE    refused" not in log
+    row, report = cluster.wait_job(other, timeout=300)
+    assert row["state"] == "finished" and row["pauses"] == 0 and f"[{other}] PAUSE" not in log, log
+    assert report["final_state_digest"] == reference_low and report["loans"] == [] and report["pauses"] == []

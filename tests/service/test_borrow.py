@@ -101,3 +101,10 @@ def test_the_higher_priority_want_is_served_first_and_a_lender_never_also_borrow
 def test_nobody_short_nothing_to_do():
     d = decide_loans([Want("j1", PROD, 0, 0.0)], [Idle("a", 1, True)], [])
     assert d.loans == () and d.waiting == () and d.reason == "nobody is short of devices"
+
+
+def test_a_host_the_job_worked_on_is_never_lent_back_to_it_under_its_old_name():
+    d = decide_loans([Want("j1", PROD, 1, 0.0, frozenset({"a", "b"}))], [Idle("b", 1, False)], [])
+    assert d.loans == () and d.waiting == ("j1",)
+    (loan,) = decide_loans([Want("j1", PROD, 1, 0.0, frozenset({"a", "b"}))], [Idle("b2", 1, False)], []).loans
+    assert loan.hosts == ("b2",)
