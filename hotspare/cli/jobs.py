@@ -24,7 +24,15 @@ its reason: the hosts and the launcher (--listen, --remote-nodes, --local-nodes,
 --master-addr, --master-port, --devices, --spawn, --health-db, --node-lease, --lease-margin)
 and its checkpoint key (--checkpoint-key). --inject and --allow-inject are refused unless the
 service runs with --allow-inject. `hotspare cancel` of a running job stops it after a last
-checkpoint to its --checkpoint-dir."""
+checkpoint to its --checkpoint-dir.
+
+Priorities: --priority names the job's class (production=1000, research=100, best-effort=0; or
+an integer); the default is research. Queued jobs are placed highest priority first. A job that
+loses a rank with no idle spare left borrows a device from a running job of strictly lower
+priority submitted --preemptible: that job is paused (a signed checkpoint to its
+--checkpoint-dir, which --preemptible requires), queued again, and resumes from that
+checkpoint, losing no step, when capacity returns. --elastic MIN_RANKS is recorded and shown
+(shrinking is not done yet: an elastic lender is paused like any other)."""
 
 COMMON_EPILOG = """\
 the coordinator and secret default to $HOTSPARE_COORDINATOR and $HOTSPARE_SECRET_FILE.
@@ -53,6 +61,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                                      "ranks on each (default 1)")
     p.add_argument("--wait", action="store_true", help="wait for the job to end (exit 0 only if it finished); "
                                                        "--report FILE then gets its JSON report")
+    from hotspare.service.priority import CLASSES, DEFAULT_CLASS
+    p.add_argument("--priority", default=DEFAULT_CLASS, metavar="CLASS",
+                   help=f"{', '.join(f'{k} ({v})' for k, v in CLASSES.items())}, or an integer; higher runs first "
+                        f"and may borrow from lower (default {DEFAULT_CLASS})")
+    p.add_argument("--preemptible", action="store_true",
+                   help="a job of higher priority may pause this one to borrow its devices (needs "
+                        "--checkpoint-dir: it resumes from there, nothing lost)")
+    p.add_argument("--elastic", type=int, default=None, metavar="MIN_RANKS",
+                   help="the fewest ranks this job may shrink to (recorded; not acted on yet)")
     add_arguments(p, RunConfig)        # the job's flags, as `hotspare run` takes them
     p.set_defaults(func=submit)
     s = sub.add_parser("status", help="jobs and hosts of the coordinator service",
@@ -132,8 +149,18 @@ def job_request(args: argparse.Namespace) -> dict:
     refused = refused_flags(run_args, allow_inject=True)
     if refused:
         raise ConfigError("; ".join(f"{flag}: {why}" for flag, why in refused))
+    from hotspare.service.priority import check_elastic, parse_priority
+    try:
+        priority = parse_priority(args.priority)
+        check_elastic(args.elastic, args.nodes * cfg.launch.nproc)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.preemptible and not cfg.checkpoint.checkpoint_dir:
+        raise ConfigError("--preemptible needs --checkpoint-dir: a job paused to lend its devices keeps its state "
+                          "there")
     return {"script": os.path.abspath(cfg.script), "args": list(cfg.script_args), "nodes": args.nodes,
-            "nproc_per_node": cfg.launch.nproc, "spares": cfg.capacity.spares, "run_args": run_args}
+            "nproc_per_node": cfg.launch.nproc, "spares": cfg.capacity.spares, "run_args": run_args,
+            "priority": priority, "preemptible": bool(args.preemptible), "elastic": args.elastic}
 
 
 def submit(args: argparse.Namespace) -> int:
@@ -176,13 +203,13 @@ def status(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"jobs": reply["jobs"], "hosts": reply["hosts"]}, indent=2))
             return 0
-        print(f"{'JOB':<6} {'STATE':<10} {'NODES':>5} {'PER':>4} {'SPARES':>6}  HOSTS / MESSAGE")
+        print(f"{'JOB':<6} {'STATE':<10} {'NODES':>5} {'PER':>4} {'SPARES':>6}  {'PRIORITY':<24} HOSTS / MESSAGE")
         for j in reply["jobs"]:
             where = j["placement"] or {}
             hosts = ",".join(where.get("hosts", [])) + (f" +spares {','.join(where['spare_hosts'])}"
                                                          if where.get("spare_hosts") else "")
             print(f"{j['id']:<6} {j['state']:<10} {j['nodes']:>5} {j['nproc_per_node']:>4} {j['spares']:>6}  "
-                  f"{hosts or '-'}" + (f"  {j['message'].splitlines()[0]}" if j["message"] else ""))
+                  f"{_policy(j):<24} {hosts or '-'}" + (f"  {j['message'].splitlines()[0]}" if j["message"] else ""))
         print(f"\n{'HOST':<16} {'SLOTS':>5} {'SPARE':>5}  STATE")
         for h in reply["hosts"]:
             out = h.get("out_of_service") or {}
@@ -190,6 +217,17 @@ def status(args: argparse.Namespace) -> int:
                   + (f"  out of service: {', '.join(f'{d} ({state})' for d, state in out.items())}" if out else ""))
         return 0
     return _run("status", body)
+
+
+def _policy(job: dict) -> str:
+    """A status row's priority and policy (a service older than priorities sends none)."""
+    if "priority" not in job:
+        return "-"
+    parts = [str(job.get("priority_class", job["priority"]))]
+    parts += ["preemptible"] if job.get("preemptible") else []
+    parts += [f"elastic>={job['elastic']}"] if job.get("elastic") is not None else []
+    parts += [f"paused x{job['pauses']}"] if job.get("pauses") else []
+    return ",".join(parts)
 
 
 def cancel(args: argparse.Namespace) -> int:

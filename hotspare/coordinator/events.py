@@ -146,8 +146,24 @@ class Preempt:
     t: float
 
 
+@dataclass(frozen=True)
+class DeviceLoaned:
+    """The coordinator service gave ``hosts`` (``slots`` device slots) to job ``borrower``, short
+    of devices for a lost rank; ``lender``: the preemptible job of lower priority paused to free
+    them ("" when they were idle in the pool). ``reason`` is the decision's
+    (``hotspare.service.borrow``). The service queues it to both jobs; each report holds it."""
+    borrower: str
+    lender: str
+    hosts: tuple[str, ...]
+    slots: int
+    borrower_priority: int
+    lender_priority: int | None
+    reason: str
+    t: float
+
+
 Event = Union[NodeConnected, NodeLost, NodeResumed, NodeReleased, AgentRefused, DeviceChecked, WorkerStarted, WorkerStopped, WorkerExited,
-              WorkerSaid, FaultInjected, Readings, OperatorCommand, Preempt]
+              WorkerSaid, FaultInjected, Readings, OperatorCommand, Preempt, DeviceLoaned]
 
 # the events about one worker, which a node may send only for its own workers
 WORKER_EVENTS = (WorkerStarted, WorkerStopped, WorkerExited, WorkerSaid, FaultInjected)
@@ -303,7 +319,7 @@ def from_record(rec: dict[str, Any]) -> Event:
             kwargs["t"] = float(rec["t"])
         elif cls is Readings and f.name == "readings":
             kwargs[f.name] = [_reading_from(r) for r in data[f.name]]
-        elif cls is NodeResumed and f.name == "alive":
+        elif (cls, f.name) in ((NodeResumed, "alive"), (DeviceLoaned, "hosts")):
             kwargs[f.name] = tuple(data[f.name])
         elif f.name in data:
             kwargs[f.name] = data[f.name]

@@ -143,6 +143,7 @@ class NodeEndpoint:
             except OSError:
                 msg = None
             if msg is None:       # the payload tells this link from a later one of the same name
+                ch.close()        # the peer is gone: whoever holds the channel (the service's pool) sees it closed
                 if self.leases is None or self.leases.release(ch):     # else: lost already, by its lease
                     self._route(node).put(ev.NodeLost(node, ch, time.time()))
                 return

@@ -15,6 +15,7 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import Message, make
 from hotspare.service import db as states
 from hotspare.service.jobargs import run_config
+from hotspare.service.priority import policy_of
 
 MAX_QUEUED = 1000
 JOB_ANSWER_S = 10.0       # a running job answers an operator command within this long
@@ -100,13 +101,18 @@ class Clients:
             raise ConfigError("--nodes and --nproc-per-node must be 1..4096")
         if len(self.db.jobs((states.QUEUED,))) >= MAX_QUEUED:
             raise ConfigError(f"{MAX_QUEUED} jobs are queued already")
+        policy = policy_of(args, request["nodes"] * request["nproc_per_node"])
         from hotspare.service.checks import service_preflight
-        service_preflight(run_config(request, self.host, self.secret_file, self.allow_inject))  # refuse a bad job now
+        cfg = run_config(request, self.host, self.secret_file, self.allow_inject)
+        if policy.preemptible and not cfg.checkpoint.checkpoint_dir:
+            raise ConfigError("--preemptible needs --checkpoint-dir (an absolute path every host and the service "
+                              "see, shared storage): a job paused to lend its devices keeps its state there")
+        service_preflight(cfg)               # refuse a bad job now
         with self._lock:
             job = self.db.next_job_id()
-            self.db.submit(job, request)
-            self.db.event(f"submitted by {origin}", job)
+            self.db.submit(job, request, policy)
+            self.db.event(f"submitted by {origin} ({policy.short()})", job)
         self.log(f"[{job}] submitted by {origin}: {request['nodes']} node(s) x {request['nproc_per_node']} + "
-                 f"{request['spares']} spare(s): {request['script']}")
+                 f"{request['spares']} spare(s), {policy.short()}: {request['script']}")
         self.pool_events.put(Wake())
         return make("control_reply", ok=True, message=f"submitted {job}", job=job)

@@ -13,6 +13,10 @@ copy while the service runs) into a temporary file renamed over the last one, so
 middle of a backup leaves the previous backup whole. ``StateDB`` makes one at every change of a
 job's state (submitted, started, ended, cancelled) and at most every ``BACKUP_EVERY_S`` while
 jobs save their coordinator state.
+
+A database of a newer schema (SQLite's ``user_version`` above ``VERSION``) is refused: this
+service would misread it. One of an older schema is checked as it is (the columns it has) and
+migrated by ``StateDB``, which keeps a copy of it as it was (``PRE_MIGRATION_SUFFIX``).
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from typing import Any, Callable
 from hotspare.errors import ConfigError
 
 BACKUP_SUFFIX = ".backup"
+PRE_MIGRATION_SUFFIX = ".v1"      # the database as it was before its migration to version 2
+VERSION = 2                       # 1: before priorities (no user_version set); 2: jobs' policy and pauses
 BACKUP_EVERY_S = 30.0
 TABLES = ("hosts", "jobs", "job_state", "events")
 
@@ -39,10 +45,10 @@ def backup_path(path: Path) -> Path:
     return path.with_name(path.name + BACKUP_SUFFIX)
 
 
-def make_backup(db: sqlite3.Connection, path: Path) -> None:
-    """A consistent copy of the open database ``db`` (of file ``path``) beside it, replacing
-    the last one only once it is complete."""
-    target = backup_path(path)
+def make_backup(db: sqlite3.Connection, path: Path, suffix: str = BACKUP_SUFFIX) -> None:
+    """A consistent copy of the open database ``db`` (of file ``path``) beside it (``path`` +
+    ``suffix``), replacing the last one only once it is complete."""
+    target = path.with_name(path.name + suffix)
     tmp = target.with_name(target.name + ".tmp")
     tmp.unlink(missing_ok=True)
     copy = sqlite3.connect(tmp)
@@ -67,7 +73,10 @@ _JSON_COLUMNS = (
     ("jobs", "id", "report", True, _OBJECT_OR_NULL),
     ("job_state", "job", "state", False, lambda v: isinstance(v, dict)),
     ("hosts", "name", "devices", False, lambda v: isinstance(v, list)),
+    ("jobs", "id", "pauses", False, lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v)),
 )
+_INTEGER_COLUMNS = (("jobs", "id", "priority", False), ("jobs", "id", "preemptible", False),
+                    ("jobs", "id", "elastic", True))
 
 
 def problem(path: Path, mode: str = "rw") -> str | None:
@@ -88,7 +97,20 @@ def problem(path: Path, mode: str = "rw") -> str | None:
         missing = [t for t in TABLES if t not in tables]
         if missing:
             return f"is not a coordinator service's database (no table {', '.join(missing)})"
+        (version,), = db.execute("PRAGMA user_version").fetchall()
+        if version > VERSION:
+            return (f"was written by a newer hotspare (schema {version}; this one reads up to {VERSION}): run the "
+                    "hotspare that wrote it")
+        columns = {t: {row[1] for row in db.execute(f"PRAGMA table_info({t})")} for t in TABLES}
+        for table, key, column, nullable in _INTEGER_COLUMNS:
+            if column not in columns[table]:
+                continue                 # an older schema's database: migrated at open
+            for name, value in db.execute(f"SELECT {key}, {column} FROM {table}"):
+                if not (isinstance(value, int) or (value is None and nullable)):
+                    return f"holds a bad row: {table} {str(name)[:64]!r}, its {column} is not what the service wrote"
         for table, key, column, nullable, ok in _JSON_COLUMNS:
+            if column not in columns[table]:
+                continue
             for name, raw in db.execute(f"SELECT {key}, {column} FROM {table}"):
                 if raw is None and nullable:
                     continue

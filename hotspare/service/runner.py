@@ -7,6 +7,12 @@ each time its membership changes, and at least every ``SAVE_EVERY_S`` while it t
 restarted service resumes it (``resume``): it waits a lease and a margin for the job's node
 agents to re-register, takes in what they replay, declares the nodes that did not come back
 lost (their ranks fail over as usual), then carries on.
+
+A job that loses a rank with no device to replace it says so (``short``, ``pause.short_of``);
+the service may then give it a host borrowed from a lower-priority preemptible job, which it
+``pause``s: that job stops after a signed checkpoint and is queued again to resume from it
+(``pause``). Both jobs' reports hold the loan (``loans``); a paused job's report also holds
+each pause (``pauses``).
 """
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ from hotspare.errors import ConfigError
 from hotspare.protocol.messages import make
 from hotspare.service import db as states
 from hotspare.service.db import StateDB
+from hotspare.service.pause import pause_record, resume_request, short_of
+from hotspare.service.priority import JobPolicy
 
 SAVE_EVERY_S = 1.0
 START_TIMEOUT_S = 60.0
@@ -31,10 +39,15 @@ REJOIN_SLACK_S = 1.0      # beyond lease + margin, for the agents' reconnection 
 
 class JobRunner:
     def __init__(self, job: str, cfg: RunConfig, db: StateDB, store: dict[str, Any], lease: float, margin: float,
-                 log: Callable[[str], None], on_end: Callable[["JobRunner"], None], registry=None, observe=None):
+                 log: Callable[[str], None], on_end: Callable[["JobRunner"], None], registry=None, observe=None,
+                 policy: JobPolicy = JobPolicy(), request: dict[str, Any] | None = None,
+                 short: Callable[[str, int, int], None] | None = None, pauses: tuple[dict[str, Any], ...] = ()):
         """``registry``: the service's device registry (``hotspare.health.registry``, in its
         database); the job's health desk watches its hosts' devices there, unless the job's
-        --telemetry is off (or no registry is given)."""
+        --telemetry is off (or no registry is given). ``policy``: its priority and preemption;
+        ``request``: what was submitted (a paused job is queued again with it); ``short(job,
+        slots, seen)``: called from its thread each time the device slots it lacks for lost
+        ranks change (``seen``: the hosts it has taken in); ``pauses``: the pauses of its earlier runs (for its report)."""
         from hotspare.service.build import control_plane, health_desk
         from hotspare.service.checks import service_preflight
         self.job, self.cfg, self.db, self.store = job, cfg, db, store
@@ -51,6 +64,14 @@ class JobRunner:
         if observe is not None:             # hotspare coordinator --metrics (hotspare.observe.service)
             observe(job, self.coord, self.ledger, self.health)
         self.coord.command("cancel", self._cancel)
+        self.coord.command("pause", self._pause)
+        self.coord.listen(ev.DeviceLoaned, self._loaned)
+        self.policy, self.request, self._short, self.pauses = policy, request, short, list(pauses)
+        self.loans: list[dict[str, Any]] = []      # the DeviceLoaned records of this job (both sides)
+        self.pausing: ev.DeviceLoaned | None = None   # set once the service paused it to lend its devices
+        self._pause_asked_at = 0.0
+        self._said_short = 0
+        self.started_at = time.time()
         self.coord.journal = lambda: self._save(force=True)
         self.nodes: list[str] = []          # where it was placed, in placement order
         self._saved_key: Any = None
@@ -82,6 +103,7 @@ class JobRunner:
     # ------------------------------------------------------------------ life
     def start(self, nodes: list[str], resume: dict[str, Any] | None = None) -> None:
         self.nodes = list(nodes)
+        self.started_at = time.time()
         threading.Thread(target=self._run, args=(resume,), name=f"job-{self.job}", daemon=True).start()
 
     def cancel(self, origin: str) -> None:
@@ -92,6 +114,44 @@ class JobRunner:
                 self._cancel_pending = self._cancel_pending or origin
                 return
         self.events.put(ev.OperatorCommand({"type": "cancel"}, origin, lambda reply: None, time.time()))
+
+    def pause(self, loan: ev.DeviceLoaned) -> None:
+        """From the service's thread: this job lends its hosts (``loan``); it stops after a signed
+        checkpoint as on a cancel, and is queued again to resume from it (``_run``'s end)."""
+        self.note_loan(loan)
+        with self._cancel_lock:
+            self.pausing, self._pause_asked_at = loan, time.time()
+            if not self._started:
+                self._cancel_pending = self._cancel_pending or f"the service (lending to {loan.borrower})"
+                return
+        self.events.put(ev.OperatorCommand({"type": "pause"}, "the service", lambda reply: None, time.time()))
+
+    def note_loan(self, loan: ev.DeviceLoaned) -> None:
+        """From the service's thread: the loan goes into this job's report, and to its event
+        queue (its log line, the event stream of an observed job)."""
+        self.loans.append(ev.to_record(loan))
+        self.events.put(loan)
+
+    def _loaned(self, loan: ev.DeviceLoaned) -> None:
+        side = "borrows" if loan.borrower == self.job else "lends"
+        self.log(f"LOAN    {side} {', '.join(loan.hosts)} ({loan.slots} slot(s)): {loan.reason}")
+
+    def _pause(self, msg, origin: str):
+        """Every rank leaves its step and the lowest survivor writes a last checkpoint, as on
+        SIGTERM (``coordinator.preempt``); the job then stops and ``_run`` queues it again."""
+        loan = self.pausing
+        if loan is not None and not self.coord.preemption.active:
+            self.log(f"PAUSE   lending {', '.join(loan.hosts)} to {loan.borrower}: stopping after a signed "
+                     "checkpoint; queued again to resume from it")
+            self.coord.handle(ev.Preempt(f"paused to lend to {loan.borrower}", 143, time.time()))
+        return make("control_reply", ok=True, message=f"job {self.job} pausing")
+
+    def _say_short(self) -> None:
+        """Tell the service when the device slots this job lacks for lost ranks change."""
+        n = short_of(self.coord.view, self.coord.executor.unplaced) if self.pausing is None else 0
+        if n != self._said_short and self._short is not None:
+            self._said_short = n
+            self._short(self.job, n, len(self.coord.nodes.nodes))
 
     def _cancel(self, msg, origin: str):
         """Every rank leaves its step and the lowest survivor writes a last checkpoint to the job's
@@ -113,11 +173,14 @@ class JobRunner:
                 self._rejoin(resume)
             with self._cancel_lock:
                 self._started, pending = True, self._cancel_pending
-            if pending:
+            if pending and self.pausing is not None and not self.cancelled:
+                self._pause(None, pending)
+            elif pending:
                 self._cancel(None, pending)
             while not coord.over():
                 coord.step()
                 self._save()
+                self._say_short()
             code = coord.exit_code if coord.exit_code is not None else 1
             if self.ledger.outcome == "finished":
                 state = states.FINISHED
@@ -131,19 +194,40 @@ class JobRunner:
         by = self.cancelled_by or self._cancel_pending
         if by and state != states.FINISHED:
             state, message = states.CANCELLED, f"cancelled by {by}" + (f": {message}" if message else "")
+        paused = self.pausing is not None and state != states.FINISHED and not self.cancelled
         # Device checks still running on its hosts finish first (a device that passes goes back
-        # to the pool), unless the job was cancelled.
-        coord.finish_checks(0.0 if self.cancelled else FINISH_CHECKS_S)
+        # to the pool), unless the job was cancelled or paused (its hosts are wanted now).
+        coord.finish_checks(0.0 if self.cancelled or paused else FINISH_CHECKS_S)
         coord.stop_nodes(grace=10.0)
         if self.health is not None:
             self.ledger.devices = [{"device": r.device, "state": r.state.value, "reason": r.reason}
                                    for r in self.health.registry.devices() if r.device in self.health.devices]
         self.ledger.nodes = coord.nodes.describe()
-        report = self.ledger.report()
+        report = {**self.ledger.report(), "loans": self.loans, "pauses": self.pauses,
+                  **self.policy.describe()}
         self.code = code
+        if paused and self._requeue(report):
+            self._on_end(self)
+            return
         self.db.ended(self.job, state, code, message, report)
         self.log(f"job {state} (exit status {code})" + (f": {message.splitlines()[0]}" if message else ""))
         self._on_end(self)
+
+    def _requeue(self, report: dict[str, Any]) -> bool:
+        """A paused job goes back to the queue, to resume from the checkpoint its pause wrote
+        (or its newest one); whether it did (not if it was cancelled meanwhile)."""
+        ckpt, loan = self.coord.view.checkpoint, self.pausing
+        record = pause_record(ev.to_record(loan), report, ckpt, self._pause_asked_at, time.time())
+        request = resume_request(self.request or {}, ckpt.path if ckpt is not None else None)
+        where = (f"resumes from {ckpt.path} (step {ckpt.step})" if ckpt is not None
+                 else "no checkpoint: it starts again as submitted")
+        message = f"paused to lend {', '.join(loan.hosts)} to {loan.borrower}; {where}"
+        if not self.db.requeue(self.job, request, record, message):
+            return False
+        self.db.event(message + f" ({record['lost_steps']} step(s) lost, pause took {record['pause_s']:.2f} s)",
+                      self.job)
+        self.log(f"PAUSED  {message}; {record['lost_steps']} step(s) lost; queued again")
+        return True
 
     # ------------------------------------------------------------------ persistence
     def _save(self, force: bool = False) -> None:

@@ -13,6 +13,10 @@ One listener serves both kinds of peer, each proven with the shared secret: node
 where the service allows the fault plug-in). A host works for one job at a time; a node's
 events go to the queue of the job it is placed on (``_route``).
 
+Jobs carry a priority (``hotspare.service.priority``): the queue is placed highest first, and a
+job that loses a rank with no spare left may borrow a host of a lower-priority preemptible job,
+which is paused and requeued to resume from its checkpoint (``hotspare.service.lending``).
+
 Device health is kept in the same database (``hotspare.health.registry`` in a table of it):
 each job's health desk watches its hosts' devices (their agents poll them and run their
 checks), and placement gives a job only devices in service.
@@ -40,7 +44,9 @@ from hotspare.service.clients import Clients, Wake as _Wake
 from hotspare.service.db import StateDB
 from hotspare.service.hostlife import Agent, HostPhase, HostState
 from hotspare.service.jobargs import run_config
+from hotspare.service.lending import Lending, ShortOf
 from hotspare.service.placement import Host, place
+from hotspare.service.priority import queue_order
 from hotspare.service.runner import JobRunner
 from hotspare.service.stores import start_store, stop_store, store_alive
 
@@ -58,7 +64,7 @@ class _Host:
         return Host(self.agent.name, self.agent.devices, self.agent.spare)
 
 
-class Service(Clients):
+class Service(Clients, Lending):
     def __init__(self, host: str, port: int, secret: bytes, secret_file: str, state_dir: str,
                  lease: float = 3.0, margin: float = 1.0, log: Callable[[str], None] = print,
                  allow_inject: bool = False, observe=None):
@@ -84,6 +90,7 @@ class Service(Clients):
         self.hosts: dict[str, _Host] = {}
         self.runners: dict[str, JobRunner] = {}
         self._stop = threading.Event()
+        self._lending_init()
         # The checks of a job import torch (its checkpoints): seconds, paid now, not by the first submit.
         threading.Thread(target=_warm_up, name="service-warm-up", daemon=True).start()
         self._resume_jobs()
@@ -189,7 +196,7 @@ class Service(Clients):
                 continue
             try:
                 store = store_alive(row.store)
-                runner = self._runner(row.id, row.request, store)
+                runner = self._runner(row, store)
             except (ConfigError, OSError, ProtocolError) as e:
                 self.db.ended(row.id, states.STOPPED, 1, f"could not be resumed: {e}", None)
                 self.log(f"[{row.id}] could not be resumed: {e}")
@@ -209,6 +216,8 @@ class Service(Clients):
             self._link_lost(event)
         elif isinstance(event, _Wake):
             self._place_queued()
+        elif isinstance(event, ShortOf):
+            self._short(event)
         elif isinstance(event, ev.NodeReleased):
             with self._lock:
                 known = event.node in self.hosts
@@ -261,6 +270,7 @@ class Service(Clients):
             self.log(f"NODE    {name}: its job {str(e.hello['job'])[:64]!r} is not running here; it ends its workers")
         self.log(f"NODE    {name}: registered, {len(agent.devices)} device slot(s)"
                  + (", spare host" if agent.spare else ""))
+        self._lend()                          # a job that lost a rank comes first
         if agent.spare:
             self._give_spare(name)
         self._place_queued()
@@ -268,8 +278,9 @@ class Service(Clients):
     def _give_spare(self, name: str) -> None:
         """A spare host that joins while a job runs short of spare slots goes to that job."""
         with self._lock:
-            wanting = [r for r in self.runners.values() if r.spare_slots() < r.cfg.capacity.spares
-                       and not r.coord.view.phase.over]
+            wanting = queue_order([r for r in self.runners.values() if r.spare_slots() < r.cfg.capacity.spares
+                                   and not r.coord.view.phase.over and r.pausing is None and name not in r.nodes],
+                                  key=lambda r: (r.policy.priority, r.started_at))
             if not wanting or self.hosts[name].state.phase is not HostPhase.IDLE:
                 return
             runner = wanting[0]
@@ -277,7 +288,12 @@ class Service(Clients):
         self.log(f"[{runner.job}] spare host {name} joined: its spares go there")
 
     def _place_queued(self) -> None:
-        for row in self.db.jobs((states.QUEUED,)):
+        """Hosts promised to a borrower go to it first, then jobs short of devices for lost
+        ranks are served, then the queue is placed, highest priority first."""
+        with self._lock:
+            self._honour_loans()
+        self._lend()
+        for row in queue_order(self.db.jobs((states.QUEUED,))):
             nodes, per_node, spares = (int(row.request[k]) for k in ("nodes", "nproc_per_node", "spares"))
             with self._lock:
                 queued = (self.db.job(row.id) or row).state == states.QUEUED      # not cancelled since
@@ -297,7 +313,7 @@ class Service(Clients):
         store = runner = None
         try:
             store = start_store(self.host)
-            runner = self._runner(row.id, row.request, store)
+            runner = self._runner(row, store)
         except (ConfigError, OSError) as e:
             with self._lock:
                 self.db.ended(row.id, states.STOPPED, 2, str(e), None)
@@ -361,10 +377,12 @@ class Service(Clients):
                 pass                         # its link closed: the job's coordinator sees it lost
             runner.events.put(ev.NodeConnected(name, h.agent.hello(devices), h.channel, time.time()))
 
-    def _runner(self, job: str, request: dict[str, Any], store: dict[str, Any]) -> JobRunner:
-        cfg = run_config(request, self.host, self.secret_file, self.allow_inject)
-        return JobRunner(job, cfg, self.db, store, self.lease, self.margin, self.log, self._job_ended,
-                         registry=self.registry, observe=self.observe)
+    def _runner(self, row: states.JobRow, store: dict[str, Any]) -> JobRunner:
+        cfg = run_config(row.request, self.host, self.secret_file, self.allow_inject)
+        return JobRunner(row.id, cfg, self.db, store, self.lease, self.margin, self.log, self._job_ended,
+                         registry=self.registry, observe=self.observe, policy=row.policy, request=row.request,
+                         short=lambda job, n, seen: self.pool_events.put(ShortOf(job, n, seen, time.time())),
+                         pauses=row.pauses)
 
     def _job_ended(self, runner: JobRunner) -> None:
         """From the job's thread: its hosts go back to the pool once their agents released it
@@ -411,6 +429,8 @@ def _warm_up() -> None:
 
 
 def _closed(ch: Channel) -> bool:
+    if ch.closed:            # closed here (its socket's descriptor lives on while its reader is open)
+        return True
     try:
         return ch.sock.fileno() < 0
     except OSError:

@@ -56,13 +56,15 @@ class ServiceCluster:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
 
-    def start_agent(self, host: str, devices: int = 2, spare: bool = False) -> Output:
+    def start_agent(self, host: str, devices: int = 2, spare: bool = False, name: str | None = None) -> Output:
+        """An agent on ``host``, registered as ``name`` (default: the host's name)."""
+        name = name or host
         cmd = [sys.executable, "-m", "hotspare", "agent", "--coordinator", self.address, "--secret-file",
-               self.secret_file, "--devices", f"cpu:{devices}", "--name", host, *(["--spare"] if spare else []),
+               self.secret_file, "--devices", f"cpu:{devices}", "--name", name, *(["--spare"] if spare else []),
                *(["--allow-inject"] if self.allow_inject else [])]
-        out = self._popen(self.net[host].ns, cmd, host)
-        self.agents[host] = out
-        self.log.wait_for(rf"NODE    {host}: registered", 60)
+        out = self._popen(self.net[host].ns, cmd, name)
+        self.agents[name] = out
+        self.log.wait_for(rf"NODE    {name}: registered", 60)
         return out
 
     def client(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

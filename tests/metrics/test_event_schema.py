@@ -32,6 +32,7 @@ SAMPLES = [
                  Reading("n0/gpu1", T - 0.5, "runtime", {"step_compute_s": 0.2}, rank=1)], T, "n0"),
     ev.OperatorCommand({"v": 1, "type": "inject", "spec": "kill:rank=1:step=3"}, "operator@127.0.0.1", None, T),
     ev.Preempt("SIGTERM", 143, T),
+    ev.DeviceLoaned("j1", "j2", ("hostc",), 2, 1000, 0, "j1 (production) is short of 1 device slot(s)", T),
 ]
 
 
