@@ -57,7 +57,7 @@ from hotspare.observe.cluster import ACTIONS, REASON_MAX
 from hotspare.observe.text import chatty
 
 COMMITS_KEPT = 5000
-JOBS_KEPT = 3             # the service's dashboard shows the newest; the two before are kept for a while
+JOBS_KEPT = 3             # the service's dashboard: the page shows the newest, or one of these chosen
 SESSIONS_KEPT = 64        # logins; an older session must log in again
 CLIENT_QUEUE = 10000
 KEEPALIVE_S = 15.0
