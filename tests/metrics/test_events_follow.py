@@ -2,7 +2,9 @@
 this process, a real agent, a real job of the example GPT; the CLI as its own process): it
 follows one job's records, as the dashboard holds them, from its run_start to its run_end and
 says the job ended; --kind filters as on a file; a request without the token is refused and
-logged, and so is the CLI with another secret; it ends when the service stops, and on Ctrl-C."""
+logged, and so is the CLI with another secret; it ends when the service stops, and on Ctrl-C.
+Against a run's dashboard (in this process, fed records): the token file, the run's end, and a
+record longer than the line limit skipped, never held."""
 import json
 import os
 import secrets
@@ -142,3 +144,33 @@ def test_it_ends_when_the_service_stops_and_on_ctrl_c(tmp_path):
         c.close()
     code, _, err = stopped.wait(30)
     assert code == 0 and "closed: its service (or run) stopped" in err, (code, err)
+
+
+def test_a_runs_dashboard_with_its_token_file_until_the_run_ends_a_huge_record_skipped(tmp_path):
+    from hotspare.coordinator import events as ev
+    from hotspare.observe.dashboard import Dashboard, dashboard_token
+    from hotspare.observe.remote import MAX_LINE
+
+    token = dashboard_token(secrets.token_bytes(32))
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    said = []
+    dash = Dashboard("127.0.0.1", 0, token, said.append)
+    t0 = 1796300000.0
+    try:
+        dash(ev.record("run_start", t0, {"job": {"script": "train.py", "nproc": 4, "spares": 1}, "schema": ev.SCHEMA}))
+        f = Follower(["--follow", "--dashboard", dash.address, "--token-file", str(token_file)], tmp_path)
+        f.wait_for(" run_start ", 60)
+        dash(ev.record("health_event", t0 + 1, {"device": "n0/gpu2", "action": "fence", "rule": "xid",
+                                                "reason": "x" * (MAX_LINE + 10)}))
+        dash(ev.record("failure", t0 + 2, {"rank": 2, "worker": "w2", "step": 15, "kind": "SIGKILL"}))
+        dash(ev.record("run_end", t0 + 3, {"exit_code": 0, "outcome": "finished", "steps_completed": 20,
+                                           "failures_total": 1, "recovered_zero_loss": 1, "steps_lost": 0,
+                                           "steps_repeated": 0}))
+        code, lines, err = f.wait(60)
+    finally:
+        dash.close()
+    assert code == 0 and "the run ended" in err, (code, err)
+    assert "longer than 1048576 bytes was skipped" in err and "1 record(s) longer" in err, err
+    assert [line.split()[2] for line in lines] == ["run_start", "failure", "run_end"], lines
+    assert lines[1].endswith("rank 2 (w2) SIGKILL at step 15") and "+2.000s" in lines[1], lines
