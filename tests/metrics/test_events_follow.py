@@ -137,6 +137,7 @@ def test_it_ends_when_the_service_stops_and_on_ctrl_c(tmp_path):
         stopped, interrupted = Follower(args, tmp_path), Follower(args, tmp_path)
         for f in (stopped, interrupted):
             f.wait_for(" cluster ", 60)                  # the service's cluster record: it is following
+        assert stopped.lines[0].endswith(" cluster            0 host(s), 0 device(s), all healthy"), stopped.lines
         interrupted.proc.send_signal(signal.SIGINT)
         code, _, err = interrupted.wait(30)
         assert code == 130 and "interrupted" in err and "Traceback" not in err, err
