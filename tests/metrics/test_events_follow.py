@@ -30,8 +30,8 @@ class Follower:
 
     def __init__(self, args: list[str], tmp: Path):
         self.err_path = tmp / f"events-{secrets.token_hex(4)}.err"
-        self.proc = subprocess.Popen([*HOTSPARE, *args], stdout=subprocess.PIPE, stderr=open(self.err_path, "w"),
-                                     text=True, env=ENV)
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([*HOTSPARE, *args], stdout=subprocess.PIPE, stderr=err, text=True, env=ENV)
         self.lines: list[str] = []
         self._seen = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -60,6 +60,7 @@ class Follower:
             raise AssertionError(f"hotspare events still running after {timeout:.0f} s:\n"
                                  + "\n".join(self.lines[-20:]) + f"\n{self.err_path.read_text()}") from None
         self._reader.join(10)
+        self.proc.stdout.close()
         return code, self.lines, self.err_path.read_text()
 
 
