@@ -240,11 +240,12 @@ def run(args: argparse.Namespace) -> int:
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise ConfigError("--plot needs matplotlib (pip install matplotlib)")
         from hotspare.cli.progress import Progress
-        with Progress("simulate", seeds, unit="seeds") as bar:
+        # --plot replays the seeds at each of its sizes too: the bar counts every seed simulated
+        with Progress("simulate", seeds * (1 + len(sizes)), unit="seeds") as bar:
             result = simulate(cfg, seeds, seed, record=args.plot is not None, progress=bar.advance)
-        if args.plot:
-            from hotspare.sim.plot import plot_economics
-            plot_economics(result, sizes, seed, args.plot)
+            if args.plot:
+                from hotspare.sim.plot import plot_economics
+                plot_economics(result, sizes, seed, args.plot, progress=bar.advance)
     except ConfigError as e:
         print(f"hotspare simulate: error: {e}", file=sys.stderr)
         return 2

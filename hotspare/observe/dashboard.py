@@ -9,9 +9,18 @@ page shows exactly the event stream's records.
 - Everything but the login needs a session: ``POST /login`` with the token (derived from the
   secret; ``hotspare run`` and ``hotspare coordinator`` write it to a private file and log where)
   sets an HttpOnly, SameSite=Strict cookie. Without one a page request is sent to the login,
-  ``/events`` gets 401, and any state-changing request (POST, PUT, PATCH, DELETE) is refused with
-  403 and logged with its origin. The run's dashboard is read-only: with a session such a request
-  gets 405.
+  ``/events`` and ``/api/records`` get 401 (logged with the origin), and any state-changing
+  request (POST, PUT, PATCH, DELETE) is refused with 403 and logged with its origin. The run's
+  dashboard is read-only: with a session such a request gets 405.
+- A program reads ``/events`` and ``/api/records`` with the token itself instead of a session
+  (``Authorization: Bearer TOKEN``, compared in constant time; ``hotspare events --follow
+  --dashboard``): no login, so no session of a browser is pushed out. A wrong token is refused
+  with 401 and logged, after a pause; the bearer token opens nothing else (not the page, not an
+  action).
+- The stream (``/events``): each record as a ``data:`` line; after the records so far, an
+  ``event: replayed``; when the dashboard closes (its service or run stops), an ``event: end``
+  before the connection closes (a client dropped for being too slow gets none). A browser's
+  EventSource ignores both.
 - The service's dashboard (``operator`` given: hotspare/observe/cluster.py) takes one
   state-changing request, ``POST /api/action``: cordon, drain or uncordon a device or every device
   of a host. Each is refused (and logged) unless it carries, besides the session cookie, the
@@ -48,10 +57,11 @@ from hotspare.observe.cluster import ACTIONS, REASON_MAX
 from hotspare.observe.text import chatty
 
 COMMITS_KEPT = 5000
-JOBS_KEPT = 3             # the service's dashboard shows the newest; the two before are kept for a while
+JOBS_KEPT = 3             # the service's dashboard: the page shows the newest, or one of these chosen
 SESSIONS_KEPT = 64        # logins; an older session must log in again
 CLIENT_QUEUE = 10000
 KEEPALIVE_S = 15.0
+CLOSE_WAIT_S = 2.0        # how long closing waits for the streams to send their end
 COOKIE = "hotspare_session"
 MAX_BODY = 4096
 HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
@@ -184,6 +194,12 @@ class Dashboard:
                     q.put_nowait(None)
                 except queue.Full:
                     pass
+        deadline = time.monotonic() + CLOSE_WAIT_S      # each stream says its end before the process may go
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._clients:
+                    break
+            time.sleep(0.02)
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5.0)
@@ -216,12 +232,35 @@ class _Handler(BaseHTTPRequestHandler):
     def _origin(self) -> str:
         return f"{self.client_address[0]}:{self.client_address[1]}"
 
+    def _reader(self, path: str) -> bool:
+        """May this request read ``path`` (a session, or the token as a bearer token)? If not,
+        it is answered (401) and logged here."""
+        scheme, _, given = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            if hmac.compare_digest(given.strip().encode(), self.dash.token.encode()):
+                return True
+            self.dash.log(f"DASHBOARD refused GET {path[:200]} from {self._origin()}: wrong token")
+            time.sleep(0.2)                     # a guess costs time
+            self._send(401, "wrong token\n", "text/plain; charset=utf-8")
+            return False
+        if self.dash.valid(self._session()):
+            return True
+        self.dash.log(f"DASHBOARD refused GET {path[:200]} from {self._origin()}: not logged in")
+        self._send(401, "log in first: /login (or send the token: Authorization: Bearer TOKEN)\n",
+                   "text/plain; charset=utf-8")
+        return False
+
     def do_GET(self) -> None:       # noqa: N802 - http.server's name
         path = urllib.parse.urlsplit(self.path).path
         if path == "/login":
             return self._send(200, self.dash._page.LOGIN.replace("{error}", ""))
+        if path in ("/events", "/api/records"):
+            if not self._reader(path):
+                return None
+            return self._stream() if path == "/events" else \
+                self._send(200, json.dumps(self.dash.snapshot()), "application/json")
         if not self.dash.valid(self._session()):
-            if path in ("/events", "/api/records", "/app.js"):
+            if path == "/app.js":
                 return self._send(401, "log in first: /login\n", "text/plain; charset=utf-8")
             return self._send(303, "", extra={"Location": "/login"})
         if path == "/":
@@ -232,10 +271,6 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, page)
         if path == "/app.js":
             return self._send(200, self.dash._page.SCRIPT, "text/javascript; charset=utf-8")
-        if path == "/api/records":
-            return self._send(200, json.dumps(self.dash.snapshot()), "application/json")
-        if path == "/events":
-            return self._stream()
         return self._send(404, "not found\n", "text/plain; charset=utf-8")
 
     def _stream(self) -> None:
@@ -247,17 +282,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             for rec in past:
                 self.wfile.write(f"data: {json.dumps(rec)}\n\n".encode())
+            self.wfile.write(b"event: replayed\ndata: the records so far were sent\n\n")
             self.wfile.flush()
-            while not self.dash._closing.is_set():
+            while True:
                 try:
                     rec = q.get(timeout=KEEPALIVE_S)
                 except queue.Empty:
                     if getattr(q, "dropped", False):
-                        break
-                    self.wfile.write(b": keepalive\n\n")
+                        break                   # no end: the client reconnects and replays
+                    if not self.dash._closing.is_set():
+                        self.wfile.write(b": keepalive\n\n")
+                        self.wfile.flush()
+                        continue
+                    rec = None                  # closing, and its None did not fit in the queue
+                if rec is None:                 # closing: the service or the run stops
+                    self.wfile.write(b"event: end\ndata: the dashboard closes\n\n")
                     self.wfile.flush()
-                    continue
-                if rec is None:
                     break
                 self.wfile.write(f"data: {json.dumps(rec)}\n\n".encode())
                 self.wfile.flush()

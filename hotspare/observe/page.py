@@ -4,8 +4,9 @@ canvas and in SVG by the script below. The page keeps its state from the event r
 (the schema of hotspare.coordinator.events), replayed then followed over server-sent events.
 
 On the coordinator service's dashboard (``cluster`` records; each job's records carry ``job``)
-the devices are grouped by host, the newest job is shown, and, when the page was served with a
-nonce, each host and device has cordon, drain and uncordon buttons: each asks for a confirmation,
+the devices are grouped by host, the newest job is shown unless another is chosen in the
+header's job selector (the jobs whose records the dashboard keeps; choosing one reconnects and
+the dashboard replays its records), and, when the page was served with a nonce, each host and device has cordon, drain and uncordon buttons: each asks for a confirmation,
 then posts the action with the nonce; the tile changes colour when the registry's next
 ``cluster`` record says so."""
 
@@ -45,7 +46,7 @@ canvas{width:100%;height:260px}
 #actions-bar{margin-bottom:.6em}
 #action-result.ok{color:#27ae60}#action-result.err{color:#c0392b}
 </style></head><body>
-<header><h1>hotspare</h1><span id="job"></span><span id="status">connecting...</span><span id="where"></span></header>
+<header><h1>hotspare</h1><select id="jobsel" hidden title="the job shown"></select><span id="job"></span><span id="status">connecting...</span><span id="where"></span></header>
 <main>
 <section class="wide"><div class="counters" id="counters"></div></section>
 <section><h2 id="devices-title">Devices</h2>
@@ -68,7 +69,8 @@ const PHASES = {detect: "#c0392b", decide: "#e67e22", rebuild_groups: "#8e44ad",
                 first_committed_step: "#27ae60"};
 const S = {start: null, job: {}, devices: {}, readings: {}, placement: [], spares: [], gen: 0, world: 0,
            step: null, dt: null, curve: [], failures: [], recovered: {}, failovers: {}, migrations: [],
-           health: [], end: null, last: null, cluster: null, jobName: null};
+           health: [], end: null, last: null, cluster: null, jobName: null,
+           jobs: [], chosen: null, replayed: false, closed: false};   // chosen: a job picked, null: the newest
 const NONCE = (document.querySelector('meta[name="hotspare-nonce"]') || {}).content || null;
 const CONFIRM = {
   cordon: t => `Cordon ${t}?\n\nNo new work is placed on it; what runs there keeps running.`,
@@ -90,9 +92,13 @@ function resetJob() {
 function apply(r) {
   const d = r.data; S.last = r.t;
   if (r.kind === "cluster") { S.cluster = d; for (const x of d.devices) S.devices[x.device] = x; return; }
-  if (r.job !== undefined && r.job !== S.jobName) {       // the service's page follows its newest job
-    if (r.kind !== "run_start") return;
-    resetJob(); S.jobName = r.job;
+  if (r.job !== undefined) {                              // the service's page: its newest job, or the one chosen
+    if (r.kind === "run_start" && !S.jobs.includes(r.job)) S.jobs.push(r.job);
+    if (S.chosen !== null && r.job !== S.chosen) return;
+    if (r.job !== S.jobName) {
+      if (r.kind !== "run_start") return;
+      resetJob(); S.jobName = r.job;
+    }
   }
   switch (r.kind) {
     case "run_start": S.start = r.t; S.job = d.job; break;
@@ -260,17 +266,43 @@ let pending = false;
 function render() {
   pending = false;
   $("job").textContent = S.job.script ? `${S.job.script.split("/").pop()} ${(S.job.args || []).join(" ")}` : "";
-  $("status").textContent = S.end ? `${S.end.data.outcome} (exit ${S.end.data.exit_code})` :
-    S.start !== null ? "running" : S.cluster ? "no job yet" : "connecting...";
+  $("status").textContent = S.closed ? "the dashboard closed: its service or run stopped" :
+    S.end ? `${S.end.data.outcome} (exit ${S.end.data.exit_code})` : S.start !== null ? "running" :
+    S.chosen !== null && S.replayed && !S.jobs.includes(S.chosen) ? `job ${S.chosen}: its records are no longer kept` :
+    S.cluster ? "no job yet" : "connecting...";
+  jobSelector();
   $("where").textContent = S.world ? `${S.world} ranks, gen ${S.gen}` : "";
   counters(); devices(); curve(); timeline();
 }
 function schedule() { if (!pending) { pending = true; requestAnimationFrame(render); } }
 
-const source = new EventSource("/events");
-source.onmessage = e => { apply(JSON.parse(e.data)); schedule(); };
-source.onerror = () => { if (S.end) { source.close(); } else { $("status").textContent = "reconnecting..."; } };
-source.onopen = () => { for (const k of Object.keys(S)) if (Array.isArray(S[k])) S[k].length = 0;
-  S.recovered = {}; S.failovers = {}; S.devices = {}; S.readings = {}; S.end = null; S.cluster = null;
-  S.jobName = null; S.start = null; devicesHtml = ""; };
+let jobsShown = "";
+function jobSelector() {
+  const sel = $("jobsel"), want = [...S.jobs, S.chosen].join(" ");
+  sel.hidden = S.jobs.length === 0;
+  if (want === jobsShown) return;
+  jobsShown = want;
+  const names = S.jobs.slice().reverse();
+  if (S.chosen !== null && !names.includes(S.chosen)) names.push(S.chosen);
+  sel.innerHTML = `<option value="">newest job</option>` +
+    names.map(j => `<option value="${esc(j)}">${esc(j)}</option>`).join("");
+  sel.value = S.chosen === null ? "" : S.chosen;
+}
+
+let source = null;
+function connect() {
+  source = new EventSource("/events");
+  source.onmessage = e => { apply(JSON.parse(e.data)); schedule(); };
+  source.addEventListener("replayed", () => { S.replayed = true; schedule(); });
+  source.addEventListener("end", () => { S.closed = true; source.close(); schedule(); });
+  source.onerror = () => { if (S.end && S.jobs.length === 0) { source.close(); }
+                           else if (!S.closed) { $("status").textContent = "reconnecting..."; } };
+  source.onopen = () => { for (const k of Object.keys(S)) if (Array.isArray(S[k])) S[k].length = 0;
+    S.recovered = {}; S.failovers = {}; S.devices = {}; S.readings = {}; S.end = null; S.cluster = null;
+    S.jobName = null; S.start = null; S.replayed = false; devicesHtml = ""; };
+}
+$("jobsel").addEventListener("change", e => {      // the dashboard replays what it keeps: that job's from its start
+  S.chosen = e.target.value || null; source.close(); connect(); schedule();
+});
+connect();
 """

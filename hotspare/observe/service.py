@@ -123,7 +123,7 @@ class _Jobs(Collector):
         merged: dict[str, Metric] = {}
         for job, metrics, coordinator in self.service.jobs():
             if coordinator.view.phase.over:
-                metrics.up.set(0)          # the service's jobs end without a run_end of their own
+                metrics.up.set(0)          # also a job whose run_end never came (its observer broke)
             for fam in metrics.registry.collect():
                 out = merged.get(fam.name)
                 if out is None:

@@ -44,6 +44,12 @@ def _end(d: dict[str, Any]) -> str:
             f"{d['steps_repeated']} repeated" + (f": {d['message']}" if d.get("message") else ""))
 
 
+def _cluster(d: dict[str, Any]) -> str:
+    out = [f"{x['device']} {x['state']}" for x in d["devices"] if x["state"] != "healthy"]
+    return (f"{len(d['hosts'])} host(s), {len(d['devices'])} device(s), "
+            + (f"{', '.join(out)}, the rest healthy" if out else "all healthy"))[:300]
+
+
 _SUMMARY: dict[str, Callable[[dict[str, Any]], str]] = {
     "failure": _failure, "failover": _failover, "recovered": _recovered,
     "unrecovered": lambda d: _failure(d) + ": not recovered, the job stopped",
@@ -65,6 +71,7 @@ _SUMMARY: dict[str, Callable[[dict[str, Any]], str]] = {
     "worker_exited": lambda d: f"{d['worker']} exited with {d['code']}",
     "worker_started": lambda d: f"{d['worker']} started, pid {d['pid']}",
     "fault_injected": lambda d: f"{d['fault']} into {d['worker']}",
+    "cluster": _cluster,        # the coordinator service's hosts and devices (its dashboard's stream)
 }
 
 # shown only with --all: one line per step or per telemetry poll

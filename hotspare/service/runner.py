@@ -61,8 +61,8 @@ class JobRunner:
         # how often its hosts' agents poll their devices and send the readings (0: not at all)
         self.telemetry_period = cfg.health.telemetry_period if watched else 0.0
         self.ledger, self.coord = control_plane(cfg, self.pre, self.events, self.health, self.log, job=job)
-        if observe is not None:             # hotspare coordinator --metrics (hotspare.observe.service)
-            observe(job, self.coord, self.ledger, self.health)
+        # hotspare coordinator --metrics / --dashboard (hotspare.observe.service): told the job's end
+        self.observer = observe(job, self.coord, self.ledger, self.health) if observe is not None else None
         self.coord.command("cancel", self._cancel)
         self.coord.command("pause", self._pause)
         self.coord.listen(ev.DeviceLoaned, self._loaned)
@@ -210,6 +210,8 @@ class JobRunner:
             self._on_end(self)
             return
         self.db.ended(self.job, state, code, message, report)
+        if self.observer is not None:          # run_end, with the report's totals (after the database has it)
+            self.observer.close(code, report)
         self.log(f"job {state} (exit status {code})" + (f": {message.splitlines()[0]}" if message else ""))
         self._on_end(self)
 

@@ -70,7 +70,8 @@ class Service(Clients, Lending):
                  allow_inject: bool = False, observe=None):
         """``allow_inject``: jobs may load the fault plug-in (submit --inject / --allow-inject);
         ``observe(job, coordinator, ledger, health)``: called for each job's coordinator before it
-        starts (hotspare.observe.service, --metrics)."""
+        starts (hotspare.observe.service, --metrics, --dashboard); what it returns (an observer, or
+        None) is closed with the job's exit status and report when the job ends."""
         from hotspare.health.reconcile import SlurmReconciler
         from hotspare.health.slurm import mode_from_env
         from hotspare.health.registry import Registry

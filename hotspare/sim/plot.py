@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -26,19 +27,20 @@ def _waste_curves(result: FleetResult, policy: str, grid: np.ndarray) -> np.ndar
     return np.array(rows)
 
 
-def plot_economics(result: FleetResult, sizes: list[int], seed: int, path: Path
-                   ) -> list[tuple[int, FleetResult]]:
+def plot_economics(result: FleetResult, sizes: list[int], seed: int, path: Path,
+                   progress: Callable[[], None] | None = None) -> list[tuple[int, FleetResult]]:
     """Draw goodput vs. cluster size (simulated, with the closed form as lines) and the
     cumulative waste of ``result`` (simulated with ``record=True``); return the per-size results
-    so callers can report them. Every size replays ``seed``'s seeds."""
+    so callers can report them. Every size replays ``seed``'s seeds; ``progress``: called after
+    each seed of each size."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
     cfg, seeds = result.config, len(result.checkpoint)
-    per_size = [(n, simulate(dataclasses.replace(cfg, gpus=n), seeds, seed, borrow_and_shrink=False))
-                for n in sizes]
+    per_size = [(n, simulate(dataclasses.replace(cfg, gpus=n), seeds, seed, borrow_and_shrink=False,
+                             progress=progress)) for n in sizes]
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     for policy in ("checkpoint", "hotspare"):

@@ -1,9 +1,12 @@
 """The progress line of long commands (hotspare/cli/progress.py), driven by a fake clock: on a
 terminal one line redrawn in place with the bar, elapsed time and time left, lines printed
 meanwhile landing above it; elsewhere a plain line at most every period, none for a quick
-command."""
+command. `hotspare simulate --plot` counts the plot's simulations in its total."""
 import io
 
+import pytest
+
+from hotspare.cli import progress
 from hotspare.cli.progress import Progress, duration
 
 
@@ -106,3 +109,21 @@ def test_not_a_terminal_by_default_for_a_pipe_or_file():
 
 def test_durations_read_as_people_write_them():
     assert [duration(s) for s in (0, 42.4, 185, 3599, 7620)] == ["0s", "42s", "3m05s", "59m59s", "2h07m"]
+
+
+def test_simulate_plot_counts_the_plots_simulations_in_the_total(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from hotspare.cli.main import build_parser
+    bars = []
+
+    class Seen(Progress):
+        def __init__(self, what, total, **kw):
+            super().__init__(what, total, stream=io.StringIO(), tty=False, redraw=False)
+            self.planned = total
+            bars.append(self)
+    monkeypatch.setattr(progress, "Progress", Seen)
+    args = build_parser().parse_args(["simulate", "--gpus", "1024", "--days", "30", "--seeds", "3",
+                                      "--plot", str(tmp_path / "econ.png"), "--plot-sizes", "512,1024"])
+    assert args.func(args) == 0
+    (bar,) = bars
+    assert bar.planned == bar.done == bar.total == 3 * (1 + 2)       # the run's seeds, then each size's

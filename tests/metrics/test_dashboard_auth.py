@@ -80,15 +80,43 @@ def test_with_the_token_the_page_the_records_and_the_live_stream_come_through(da
     conn.request("GET", "/events", headers={"Cookie": cookie})
     stream = conn.getresponse()
     assert stream.getheader("Content-Type") == "text/event-stream"
-    lines = [stream.fp.readline() for _ in range(4)]            # the replay: two records
+    lines = [stream.fp.readline() for _ in range(4 + 3)]        # the replay: two records, then its marker
+    assert lines[4:6] == [b"event: replayed\n", b"data: the records so far were sent\n"]
     dash(ev.record("recovered", T + 2, {"rank": 2, "worker": "w2", "step": 15, "downtime_s": 0.3}))
-    lines += [stream.fp.readline() for _ in range(2)]           # and the new one
+    lines = lines[:4] + [stream.fp.readline() for _ in range(2)]    # and the new one
     kinds = [json.loads(line[6:])["kind"] for line in lines if line.startswith(b"data: ")]
     assert kinds == ["run_start", "failure", "recovered"]
     conn.close()
 
     r, _, _ = request(dash, "POST", "/cordon", body="device=n0/gpu1", cookie=cookie)
     assert r.status == 405 and any("read-only" in line for line in dash.said)
+
+
+def test_a_program_reads_the_stream_with_the_token_as_a_bearer_token_and_nothing_else(dash):
+    def get(path, authorization):
+        conn = http.client.HTTPConnection("127.0.0.1", dash.port, timeout=10)
+        conn.request("GET", path, headers={"Authorization": authorization})
+        r = conn.getresponse()
+        return r, (r.read().decode() if path != "/events" else r.fp.readline().decode()), conn
+    token = dashboard_token(b"s" * 32)
+    r, body, _ = get("/api/records", f"Bearer {token}")
+    assert r.status == 200 and [rec["kind"] for rec in json.loads(body)] == ["run_start", "failure"]
+    r, first, conn = get("/events", f"Bearer {token}")
+    assert r.status == 200 and json.loads(first[6:])["kind"] == "run_start"
+    conn.close()
+    for path in ("/events", "/api/records"):
+        for authorization in (f"Bearer {token[:-1]}x", "Bearer ", f"Basic {token}"):
+            r, body, _ = get(path, authorization)
+            assert r.status == 401 and "SIGKILL" not in body, (path, authorization)
+    wrong = [line for line in dash.said if line.startswith("DASHBOARD refused GET")]
+    assert [line.split(" from ")[0] for line in wrong] == ["DASHBOARD refused GET /events"] * 3 + [
+        "DASHBOARD refused GET /api/records"] * 3
+    assert [line.rsplit(": ", 1)[1] for line in wrong] == ["wrong token", "wrong token", "not logged in"] * 2
+    r, _, _ = get("/", f"Bearer {token}")                       # not the page: that takes a login
+    assert r.status == 303 and r.getheader("Location") == "/login"
+    conn = http.client.HTTPConnection("127.0.0.1", dash.port, timeout=10)
+    conn.request("POST", "/cordon", body="device=n0/gpu1", headers={"Authorization": f"Bearer {token}"})
+    assert conn.getresponse().status == 403
 
 
 def test_a_wildcard_address_is_refused():

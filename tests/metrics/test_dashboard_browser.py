@@ -4,6 +4,7 @@ reports Xid 79 (the GPU fell off the bus) the timeline shows the failure and the
 the device's tile changes colour from healthy. The coordinator service's dashboard shows its
 agent's host and devices; an operator clicks cordon on a device, the page asks for a
 confirmation, and once confirmed the tile changes colour (a dismissed dialog changes nothing).
+The service's page shows its newest job, and another one chosen in its job selector.
 Screenshots are kept ($HOTSPARE_ARTIFACTS, or the test's temp folder)."""
 import os
 import re
@@ -186,3 +187,54 @@ def test_service_dashboard_cordons_a_device_after_a_confirmation(tmp_path):
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
+
+
+def test_service_page_shows_the_newest_job_or_the_one_chosen(tmp_path):
+    """The service's dashboard (in this process, fed two jobs' records as the service's observers
+    give them): the page shows j2, the newest; choosing j1 in the selector shows j1's failure
+    and its records as they come; the dashboard's close is said on the page."""
+    from selenium.webdriver.support.ui import Select
+
+    from hotspare.coordinator import events as ev
+    from hotspare.observe.dashboard import Dashboard, dashboard_token
+
+    t0 = time.time()
+    dash = Dashboard("127.0.0.1", 0, dashboard_token(b"s" * 32), lambda line: None)
+    for i, job in enumerate(("j1", "j2")):
+        dash({**ev.record("run_start", t0 + i, {"job": {"script": f"train_{job}.py"}, "schema": ev.SCHEMA}),
+              "job": job})
+        dash({**ev.record("failure", t0 + i + 0.5, {"rank": i + 1, "worker": f"{job}.w{i + 1}", "step": 7,
+                                                    "kind": "killed"}), "job": job})
+    dash(ev.record("cluster", t0 + 3, {"hosts": [], "devices": []}))
+    browser = None
+    try:
+        browser = _browser()
+        browser.get(f"http://{dash.address}/login")
+        browser.execute_script("document.getElementById('token').value = arguments[0]", dash.token)
+        browser.execute_script("document.getElementById('login').click()")
+
+        def shown():
+            return browser.execute_script(
+                "const sel = document.getElementById('jobsel');"
+                "return [document.getElementById('job').textContent, sel.hidden, [...sel.options].map(o => o.value),"
+                "        [...document.querySelectorAll('#timeline .item')].map(i => i.textContent),"
+                "        document.getElementById('status').textContent];")
+        job, hidden, options, items, _ = _wait("j2 shown", lambda: (v := shown())[0].startswith("train_j2") and v, 30)
+        assert not hidden and options == ["", "j2", "j1"], options
+        assert len(items) == 1 and "rank 2 (j2.w2) killed at step 7" in items[0], items
+        Select(browser.find_element("id", "jobsel")).select_by_value("j1")
+        job, _, _, items, _ = _wait("j1 shown", lambda: (v := shown())[0].startswith("train_j1") and v, 30)
+        assert len(items) == 1 and "rank 1 (j1.w1) killed at step 7" in items[0], items
+        dash({**ev.record("failure", time.time(), {"rank": 0, "worker": "j1.w0", "step": 9, "kind": "killed"}),
+              "job": "j1"})
+        dash({**ev.record("failure", time.time(), {"rank": 3, "worker": "j2.w3", "step": 9, "kind": "killed"}),
+              "job": "j2"})
+        items = _wait("j1's new failure", lambda: len((v := shown())[3]) == 2 and v[3], 30)
+        assert any("j1.w0" in i for i in items) and not any("j2" in i for i in items), items
+        assert browser.execute_script("return document.getElementById('jobsel').value") == "j1"
+        dash.close()
+        _wait("the close said", lambda: "dashboard closed" in shown()[4], 30)
+    finally:
+        if browser is not None:
+            browser.quit()
+        dash.close()
