@@ -90,6 +90,7 @@ class Job:
         self.members: Membership | None = None
         self.vote: HealthVote | None = None
         self._ddps: list[torch.nn.Module] = []
+        self._sharded = None                  # runtime/sharded.py, once job.device_mesh() is called
         self._plain = (0, 1)                  # (rank, world size) outside hotspare run
         self._checked_tracking = False
         self._left_early = False              # the script left job.steps/job.epochs before the end
@@ -139,6 +140,8 @@ class Job:
     def digest(self) -> str:
         """sha256 of the replicated state (every tracked tensor but the modules' buffers, and
         the JSON metadata) in a canonical order: the same on every healthy replica."""
+        if self._sharded is not None:        # every rank's shards, combined at the end of the job
+            return self._sharded.digest()
         return self.registry.digest(per_rank=self.rankstate.buffer_names())
 
     @property
@@ -226,6 +229,20 @@ class Job:
         ddp = wrap_ddp(module, self.protocol if self.managed else None, **kwargs)
         self._ddps.append(ddp)
         return ddp
+
+    def device_mesh(self, shape: tuple[int, ...], mesh_dim_names: tuple[str, ...]):
+        """The ``DeviceMesh`` to pass to torch's ``fully_shard``: ``(world,)`` for FSDP,
+        ``(replicate, shard)`` for HSDP. Under hotspare run its groups follow the job's
+        generations (runtime/sharded.py); elsewhere it is ``init_device_mesh("cpu", ...)``."""
+        from hotspare.runtime.sharded import ShardedRuntime
+        if self._sharded is not None:
+            raise ConfigError("job.device_mesh() is called once per job")
+        shape, names = tuple(int(x) for x in shape), tuple(mesh_dim_names)
+        if int(torch.tensor(shape).prod()) != self.world_size:
+            raise ConfigError(f"job.device_mesh({shape}) spans {int(torch.tensor(shape).prod())} ranks; "
+                              f"the job has {self.world_size}")
+        self._sharded = ShardedRuntime(self, shape, names)
+        return self._sharded.device_mesh
 
     def track(self, **objects: Any) -> None:
         """Register what a replacement must receive: ``job.track(model=m, optimizer=opt,
@@ -415,6 +432,8 @@ class Job:
         """The last step is done: report it (managed), or wait for every rank (plain)."""
         self._finished = True
         write_verify_digests(self)         # only under `hotspare verify` (HOTSPARE_VERIFY_OUT)
+        if self._sharded is not None and not self.managed:
+            self._sharded.compute_digest()
         if self.managed:
             if self.rank == 0:
                 self._persist.flush()      # a checkpoint in flight reports itself when durable
@@ -425,6 +444,8 @@ class Job:
 
     def _finish(self) -> bool:
         """Report completion; True when released, False if a recovery needs us first."""
+        if self._sharded is not None:
+            self._sharded.compute_digest()
         return not self.members.leave("done", None, teardown=False, step=self.committed,
                                       digest=self.digest, rank_digest=self.rank_digest)
 
@@ -450,6 +471,8 @@ class Job:
         self.members.teardown()
         for ddp in self._ddps:
             reset_after_failure(ddp)
+        if self._sharded is not None:
+            self._sharded.after_failure()
         extra = {}
         if health is not None:
             extra["health"] = {"kind": health.kind, "suspects": list(health.suspects),

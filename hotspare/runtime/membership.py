@@ -47,6 +47,10 @@ class Membership:
         self.pending_sync: dict[str, Any] | None = None   # deferred until the script tracked its state
         self.verify_at = -1          # the step whose vote checks a state transfer
         self.joins = 0               # generations joined so far (caches of the group's tensors expire)
+        # Sharded jobs (runtime/sharded.py): called with the join message on every rank of a
+        # generation once its state sync is done (each rank's shard is restored there).
+        self.before_sync: list[Callable[[dict[str, Any]], None]] = []
+        self.after_sync: list[Callable[[dict[str, Any]], None]] = []
         link.on_abort(self._aborted)
 
     # ------------------------------------------------------------------ the group
@@ -148,6 +152,14 @@ class Membership:
 
     def sync_state(self, msg: dict[str, Any]) -> tuple[int, float]:
         """Bring every receiver to the source's committed state; returns (bytes, seconds)."""
+        for hook in self.before_sync:
+            hook(msg)
+        out = self._sync_replicated(msg)
+        for hook in self.after_sync:       # every rank of the generation, after the sync
+            hook(msg)
+        return out
+
+    def _sync_replicated(self, msg: dict[str, Any]) -> tuple[int, float]:
         self.pending_sync = None
         if msg.get("restore"):
             # No copy survived in memory (or --resume): every rank reads the checkpoint itself.
