@@ -27,9 +27,41 @@ from __future__ import annotations
 from typing import Callable
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import _register_process_group
+from torch._C._distributed_c10d import _register_process_group, _resolve_process_group, _unregister_process_group
 
 from hotspare.errors import PeerFailure
+
+
+class _NotedWork(dist.Work):
+    """The real group's work; a failed ``wait`` is reported to ``on_error`` first. (torch's
+    collective wrappers then replace the error by a ValueError of their own logging, which
+    cannot find a Python group in its tables: the note is what tells the step a peer failed.)"""
+
+    def __init__(self, work: dist.Work, on_error: Callable[[BaseException], None]) -> None:
+        super().__init__()
+        self._work, self._on_error = work, on_error
+
+    def wait(self, timeout=None):
+        try:
+            return self._work.wait() if timeout is None else self._work.wait(timeout)
+        except Exception as e:
+            self._on_error(e)
+            raise
+
+    def is_completed(self):
+        return self._work.is_completed()
+
+    def is_success(self):
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def get_future(self):
+        return self._work.get_future()
+
+    def result(self):
+        return self._work.result()
 
 
 class ProxyGroup(dist.ProcessGroup):
@@ -41,8 +73,19 @@ class ProxyGroup(dist.ProcessGroup):
         self._name = name
         self._resolve = resolve
         self._on_error = on_error
-        # DTensor's functional collectives look the group up by name in C++.
-        _register_process_group(name, self)
+        self.register()
+
+    def register(self) -> None:
+        """Put this group in torch's C++ registry under its name, where DTensor's functional
+        collectives look it up. ``destroy_process_group`` (a generation's teardown) empties
+        that registry: call again once the next generation is formed."""
+        try:
+            if _resolve_process_group(self._name) is self:
+                return
+            _unregister_process_group(self._name)
+        except RuntimeError:
+            pass            # not registered
+        _register_process_group(self._name, self)
 
     # torch reads the name from a backend, and a Python group has none: answer it here.
     @property
@@ -72,11 +115,12 @@ class ProxyGroup(dist.ProcessGroup):
     def _call(self, fn: Callable[[dist.ProcessGroup], dist.Work]) -> dist.Work:
         pg = self._target()
         try:
-            return fn(pg)
+            work = fn(pg)
         except Exception as e:
             if self._on_error is not None:
                 self._on_error(e)
             raise
+        return work if self._on_error is None or work is None else _NotedWork(work, self._on_error)
 
     # ------------------------------------------------------------------ what FSDP2 and DTensor call
     def all_gather_single(self, output, input, opts=None):

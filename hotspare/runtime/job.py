@@ -424,6 +424,8 @@ class Job:
         outcome = self.protocol.exit(step, ev)
         if outcome is Outcome.COMMITTED and self.managed and self.rank == 0:
             self._persist.after_commit(step)      # a finished write reports itself
+        if outcome is Outcome.RECOVER and self._sharded is not None:
+            self._sharded.reset_modules()         # FSDP's parameters sharded again before the undo reads them
         if outcome is Outcome.RECOVER and self.progress.applied < step:
             self.top.failed(self.registry.objects())   # the rest of the loop body still runs
         return outcome is Outcome.RECOVER

@@ -215,6 +215,10 @@ class ShardedRuntime:
                     print(f"hotspare: rank {self.job.rank}: {e}", file=sys.stderr, flush=True)
         if self.mesh is not None:
             self.mesh.forget()
+        self.reset_modules()
+
+    def reset_modules(self) -> None:
+        """A step failed: FSDP's per-iteration state back to idle, every parameter sharded."""
         for name in self.job.registry.sharded:
             obj = self.job.registry.objects()[name]
             if isinstance(obj, FSDPModule):

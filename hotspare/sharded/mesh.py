@@ -76,6 +76,8 @@ class ShardedMesh:
                         mine = pg
                 dims.append(mine)
             buddy = gen.subgroup(list(range(self.world)))
+            for proxy in self.proxies:     # the last generation's teardown unregistered them
+                proxy.register()
             self._bound = (gen, dims, buddy)
             return dims, buddy
 
