@@ -276,14 +276,16 @@ class ShardedRuntime:
         rows = torch.empty(m.world_size * mine.numel(), dtype=torch.int64)
         m.group.all_gather(rows, mine).wait()
         status = [BuddyStatus(*r) for r in rows.view(m.world_size, -1).tolist()]
-        plan, reason = plan_restore(status, target, self.stride)
+        replicas = self.mesh.groups[0] if len(self.mesh.shape) == 2 else None   # HSDP: (replicate, shard)
+        plan, reason = plan_restore(status, target, self.stride, replicas)
         if reason is not None:
             raise StateMismatch(f"sharded state of step {target} cannot be rebuilt from memory: {reason}; "
                                 "a checkpoint is needed")
         group = self.mesh.buddy_group() if plan else None
         for src in plan:
             if m.rank == src.holder:
-                state = self.store.fresh if src.fresh else self.store.state
+                state = (wire.pack("state", target, self._shards()) if src.kind == "replica"
+                         else self.store.fresh if src.kind == "fresh" else self.store.state)
                 wire.send(state, src.rank, group)
                 if src.replay:
                     wire.send(self.store.log, src.rank, group)
@@ -292,12 +294,13 @@ class ShardedRuntime:
                 log = wire.recv(src.holder, group) if src.replay else None
                 self._load(state, log, target)
                 self._own_valid = True
-                self.restores.append({"step": target, "from_rank": src.holder, "snapshot_step": state.step,
-                                      "replayed": log is not None, "bytes": state.nbytes + (log.nbytes if log else 0)})
-                print(f"hotspare: rank {m.rank}: shard of step {target} restored from buddy rank {src.holder} "
-                      f"(snapshot of step {state.step}{', log of step %d replayed' % log.step if log else ''}; "
-                      f"{state.nbytes + (log.nbytes if log else 0)} bytes, sha256 checked)",
-                      file=sys.stderr, flush=True)
+                nbytes = state.nbytes + (log.nbytes if log else 0)
+                self.restores.append({"step": target, "source": src.kind, "from_rank": src.holder,
+                                      "snapshot_step": state.step, "bytes": nbytes})
+                what = ("its live replica" if src.kind == "replica" else
+                        f"the snapshot of step {state.step}" + (f" + the log of step {log.step}, replayed" if log else ""))
+                print(f"hotspare: rank {m.rank}: shard of step {target} restored from rank {src.holder}: {what} "
+                      f"({nbytes} bytes, sha256 checked)", file=sys.stderr, flush=True)
 
     def _load(self, state: Packet, log: Packet | None, target: int) -> None:
         state.verify()

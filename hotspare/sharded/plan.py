@@ -49,33 +49,45 @@ class BuddyStatus:
 @dataclass(frozen=True)
 class Source:
     rank: int          # the rank to restore
-    holder: int        # the rank that holds its copy
+    holder: int        # the rank that sends it its shard
+    kind: str          # "replica": the holder's own live shard (HSDP); "fresh" / "snapshot": the
+                       # holder's copy of the target step; "replay": its copy of target-1 + the log
     snap_step: int
-    replay: bool       # True: the snapshot of target-1 plus the log of the target step
-    fresh: bool = False   # the holder's newer snapshot (not yet confirmed by a gate)
+
+    @property
+    def replay(self) -> bool:
+        return self.kind == "replay"
 
 
-def plan_restore(status: list[BuddyStatus], target: int, stride: int) -> tuple[list[Source], str | None]:
+def plan_restore(status: list[BuddyStatus], target: int, stride: int,
+                 replicas: list[list[int]] | None = None) -> tuple[list[Source], str | None]:
     """Where each rank's shard comes from to reach ``target``: the transfers to run (ranks
     already at ``target`` need none), and None; or ([], reason) when some rank's shard exists
-    nowhere in memory at a usable step (its buddy was lost too, or holds an older step), which
-    only a checkpoint can restore."""
+    nowhere in memory at a usable step (its replicas and its buddy were lost too, or hold an older
+    step), which only a checkpoint can restore. ``replicas``: the groups of ranks that hold the
+    same shard (HSDP's replicate dimension); a live replica at ``target`` is preferred: it is
+    the shard itself, no replay."""
     world = len(status)
+    peers = {r: [q for q in g if q != r] for g in (replicas or []) for r in g}
     out: list[Source] = []
     for rank, st in enumerate(status):
         if st.own_step == target:
             continue
+        live = [q for q in peers.get(rank, []) if status[q].own_step == target]
+        if live:
+            out.append(Source(rank, live[0], "replica", target))
+            continue
         holder = buddy_of(rank, world, stride)
         h = status[holder]
         if h.held_for != rank or h.snap_step == NONE:
-            return [], (f"rank {rank}'s shard is not in memory: its buddy rank {holder} holds no copy of it "
-                        f"(lost too, or joined after it)")
+            return [], (f"rank {rank}'s shard is not in memory: no replica of it is at step {target} and its "
+                        f"buddy rank {holder} holds no copy of it (lost too, or joined after it)")
         if h.fresh_step == target:
-            out.append(Source(rank, holder, target, replay=False, fresh=True))
+            out.append(Source(rank, holder, "fresh", target))
         elif h.snap_step == target:
-            out.append(Source(rank, holder, target, replay=False))
+            out.append(Source(rank, holder, "snapshot", target))
         elif h.snap_step == target - 1 and h.log_step == target:
-            out.append(Source(rank, holder, target - 1, replay=True))
+            out.append(Source(rank, holder, "replay", target - 1))
         else:
             return [], (f"rank {rank}'s buddy rank {holder} holds its snapshot of step {h.snap_step} "
                         f"(log {h.log_step}), not of step {target} or {target - 1} with the log of {target}")
