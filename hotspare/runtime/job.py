@@ -140,8 +140,7 @@ class Job:
     def digest(self) -> str:
         """sha256 of the replicated state (every tracked tensor but the modules' buffers, and
         the JSON metadata) in a canonical order: the same on every healthy replica."""
-        if self._sharded is not None:        # every rank's shards, combined at the end of the job
-            return self._sharded.digest()
+        if self._sharded is not None: return self._sharded.digest()   # noqa: E701 - all ranks' shards (runtime/sharded.py)
         return self.registry.digest(per_rank=self.rankstate.buffer_names())
 
     @property
@@ -231,17 +230,9 @@ class Job:
         return ddp
 
     def device_mesh(self, shape: tuple[int, ...], mesh_dim_names: tuple[str, ...]):
-        """The ``DeviceMesh`` to pass to torch's ``fully_shard``: ``(world,)`` for FSDP,
-        ``(replicate, shard)`` for HSDP. Under hotspare run its groups follow the job's
-        generations (runtime/sharded.py); elsewhere it is ``init_device_mesh("cpu", ...)``."""
+        """A ``DeviceMesh`` for torch's ``fully_shard`` that survives failovers (docs/SHARDED.md)."""
         from hotspare.runtime.sharded import ShardedRuntime
-        if self._sharded is not None:
-            raise ConfigError("job.device_mesh() is called once per job")
-        shape, names = tuple(int(x) for x in shape), tuple(mesh_dim_names)
-        if int(torch.tensor(shape).prod()) != self.world_size:
-            raise ConfigError(f"job.device_mesh({shape}) spans {int(torch.tensor(shape).prod())} ranks; "
-                              f"the job has {self.world_size}")
-        self._sharded = ShardedRuntime(self, shape, names)
+        self._sharded = ShardedRuntime.create(self, self._sharded, shape, mesh_dim_names)
         return self._sharded.device_mesh
 
     def track(self, **objects: Any) -> None:
@@ -424,8 +415,7 @@ class Job:
         outcome = self.protocol.exit(step, ev)
         if outcome is Outcome.COMMITTED and self.managed and self.rank == 0:
             self._persist.after_commit(step)      # a finished write reports itself
-        if outcome is Outcome.RECOVER and self._sharded is not None:
-            self._sharded.reset_modules()         # FSDP's parameters sharded again before the undo reads them
+        if outcome is Outcome.RECOVER and self._sharded is not None: self._sharded.reset_modules()  # noqa: E701
         if outcome is Outcome.RECOVER and self.progress.applied < step:
             self.top.failed(self.registry.objects())   # the rest of the loop body still runs
         return outcome is Outcome.RECOVER
@@ -434,8 +424,7 @@ class Job:
         """The last step is done: report it (managed), or wait for every rank (plain)."""
         self._finished = True
         write_verify_digests(self)         # only under `hotspare verify` (HOTSPARE_VERIFY_OUT)
-        if self._sharded is not None and not self.managed:
-            self._sharded.compute_digest()
+        if self._sharded is not None and not self.managed: self._sharded.compute_digest()  # noqa: E701
         if self.managed:
             if self.rank == 0:
                 self._persist.flush()      # a checkpoint in flight reports itself when durable
@@ -446,8 +435,7 @@ class Job:
 
     def _finish(self) -> bool:
         """Report completion; True when released, False if a recovery needs us first."""
-        if self._sharded is not None:
-            self._sharded.compute_digest()
+        if self._sharded is not None: self._sharded.compute_digest()  # noqa: E701 - a collective
         return not self.members.leave("done", None, teardown=False, step=self.committed,
                                       digest=self.digest, rank_digest=self.rank_digest)
 
@@ -473,8 +461,7 @@ class Job:
         self.members.teardown()
         for ddp in self._ddps:
             reset_after_failure(ddp)
-        if self._sharded is not None:
-            self._sharded.after_failure()
+        if self._sharded is not None: self._sharded.after_failure()  # noqa: E701
         extra = {}
         if health is not None:
             extra["health"] = {"kind": health.kind, "suspects": list(health.suspects),

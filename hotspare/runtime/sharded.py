@@ -113,6 +113,22 @@ class ShardedRuntime:
             self.mesh = None
             self.device_mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
 
+    @classmethod
+    def create(cls, job: "Job", existing: "ShardedRuntime | None", shape, names) -> "ShardedRuntime":
+        """``job.device_mesh(shape, mesh_dim_names)``, checked."""
+        if existing is not None:
+            raise ConfigError("job.device_mesh() is called once per job")
+        shape, names = tuple(int(x) for x in shape), tuple(names)
+        n = 1
+        for x in shape:
+            n *= x
+        if n != job.world_size:
+            raise ConfigError(f"job.device_mesh({shape}) spans {n} ranks; the job has {job.world_size}")
+        if len(shape) not in (1, 2):
+            raise ConfigError("hotspare's sharded jobs take a 1-D mesh (FSDP) or a 2-D (replicate, shard) "
+                              f"mesh (HSDP); got {len(shape)} dimensions")
+        return cls(job, shape, names)
+
     # ------------------------------------------------------------------ what is sharded
     def _prepare(self) -> None:
         if self._prepared:
@@ -301,6 +317,17 @@ class ShardedRuntime:
                         f"the snapshot of step {state.step}" + (f" + the log of step {log.step}, replayed" if log else ""))
                 print(f"hotspare: rank {m.rank}: shard of step {target} restored from rank {src.holder}: {what} "
                       f"({nbytes} bytes, sha256 checked)", file=sys.stderr, flush=True)
+        self._exchange_snapshots(target)
+
+    def _exchange_snapshots(self, step: int) -> None:
+        """Every rank's shard of ``step`` to its buddy, now (a generation begins: the buddies of
+        the first generation and of restored ranks hold nothing or an older copy)."""
+        group = self.mesh.buddy_group()
+        mine = wire.pack("state", step, self._shards())
+        out = _Transfer(wire.send, mine, self.buddy, group)
+        got = wire.recv(self.pred, group)
+        out.outcome()
+        self.store.confirm(self.pred, got, None)
 
     def _load(self, state: Packet, log: Packet | None, target: int) -> None:
         state.verify()
