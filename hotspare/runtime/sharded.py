@@ -95,6 +95,7 @@ class ShardedRuntime:
         # This rank's shard is its own (an original rank, a survivor) or not (a spare, until restored).
         self._own_valid = not job.managed or job.role == "active"
         self._stash: tuple[int, list[tuple[tuple, torch.Tensor]]] | None = None
+        self._said_memory = False
         if job.managed:
             m = job.members
             self.mesh = ShardedMesh(shape, names, m.rank, lambda: job.members.group,
@@ -127,6 +128,11 @@ class ShardedRuntime:
         if len(shape) not in (1, 2):
             raise ConfigError("hotspare's sharded jobs take a 1-D mesh (FSDP) or a 2-D (replicate, shard) "
                               f"mesh (HSDP); got {len(shape)} dimensions")
+        env = job.env
+        if env is not None and (env.checkpoint_every or env.checkpoint_seconds or env.resume_dir):
+            raise ConfigError("--checkpoint-every/--checkpoint-seconds/--resume do not apply to a sharded job yet: "
+                              "hotspare's checkpoints hold rank 0's state, not every rank's shard; drop them "
+                              "(a sharded job fails over from its buddies' and replicas' memory, docs/SHARDED.md)")
         return cls(job, shape, names)
 
     # ------------------------------------------------------------------ what is sharded
@@ -328,6 +334,12 @@ class ShardedRuntime:
         got = wire.recv(self.pred, group)
         out.outcome()
         self.store.confirm(self.pred, got, None)
+        if not self._said_memory and self.job.rank == 0:
+            self._said_memory = True
+            mb = mine.nbytes / 2**20
+            print(f"hotspare: sharded job: rank 0's shard (parameters and optimizer state) is {mb:.1f} MB; "
+                  f"each rank keeps its predecessor's in host RAM: up to 2 snapshots and 1 gradient log, "
+                  f"about {3 * mb:.1f} MB per rank", file=sys.stderr, flush=True)
 
     def _load(self, state: Packet, log: Packet | None, target: int) -> None:
         state.verify()
