@@ -66,3 +66,18 @@ def test_hsdp_kill_restores_the_shard_from_its_replica(tmp_path):
     reference = torchrun_digest(tmp_path, "--hsdp")
     r = run_job([*ARGS, "--hsdp"], inject=["kill:rank=3:step=4"])
     assert_recovered(r, reference, ["restored from rank 1: its live replica"])
+
+
+def test_the_realistic_fsdp2_example_with_accumulation_and_a_schedule(tmp_path):
+    """examples/fsdp_llm.py: per-block sharding, reshard_after_forward, bf16/fp32 mixed precision,
+    2 micro-batches with set_requires_gradient_sync(False), clipping, warm-up + cosine."""
+    script = EXAMPLE.parent / "fsdp_llm.py"
+    stats = tmp_path / "torchrun.json"
+    proc, _ = run_torchrun(["--steps", "10", "--stats", str(stats)], script, stats_flag=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = json.load(open(stats))["digest"]
+    r = run_job(["--steps", "10"], script=script, inject=["kill:rank=1:step=6"])
+    assert r.code == 0, r.output[-5000:]
+    assert r.digest == reference and r.report["steps_repeated"] == 0
+    assert r.report["failures_total"] == r.report["recovered_zero_loss"] == 1
+    assert "shard of step 5 restored from rank 2: the snapshot of step 4 + the log of step 5, replayed" in r.output
