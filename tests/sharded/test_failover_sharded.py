@@ -81,3 +81,22 @@ def test_the_realistic_fsdp2_example_with_accumulation_and_a_schedule(tmp_path):
     assert r.digest == reference and r.report["steps_repeated"] == 0
     assert r.report["failures_total"] == r.report["recovered_zero_loss"] == 1
     assert "shard of step 5 restored from rank 2: the snapshot of step 4 + the log of step 5, replayed" in r.output
+
+
+def test_fsdp_hang_is_fenced_and_the_shard_restored(fsdp_reference):
+    r = run_job([*ARGS, "--fsdp"], inject=["hang:rank=2:step=5"], extra=["--hang-floor", "1"])
+    assert_recovered(r, fsdp_reference, ["the snapshot of step 3 + the log of step 4, replayed"])
+    assert r.report["failures"][0]["kind"] == "hang"
+
+
+def test_hsdp_two_ranks_of_different_replica_groups_lost_in_one_step(tmp_path):
+    reference = torchrun_digest(tmp_path, "--hsdp")
+    r = run_job([*ARGS, "--hsdp"], spares=2, inject=["kill:rank=0:step=3", "kill:rank=3:step=3"])
+    assert r.code == 0, r.output[-5000:]
+    rep = r.report
+    assert rep["final_state_digest"] == reference and rep["steps_repeated"] == 0
+    assert rep["failures_total"] == rep["recovered_zero_loss"] == 2, r.output[-5000:]
+    restored = sorted(line.split("hotspare: ")[1] for line in r.output.splitlines() if "restored from rank" in line)
+    assert len(restored) == 2 and all("its live replica" in line for line in restored), restored
+    assert restored[0].startswith("rank 0: shard of step 2 restored from rank 2")
+    assert restored[1].startswith("rank 3: shard of step 2 restored from rank 1")
