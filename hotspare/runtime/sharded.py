@@ -337,9 +337,9 @@ class ShardedRuntime:
         if not self._said_memory and self.job.rank == 0:
             self._said_memory = True
             mb = mine.nbytes / 2**20
-            print(f"hotspare: sharded job: rank 0's shard (parameters and optimizer state) is {mb:.1f} MB; "
+            print(f"hotspare: sharded job: rank 0's shard (parameters and optimizer state) is {mb:.2f} MB; "
                   f"each rank keeps its predecessor's in host RAM: up to 2 snapshots and 1 gradient log, "
-                  f"about {3 * mb:.1f} MB per rank", file=sys.stderr, flush=True)
+                  f"about {3 * mb:.2f} MB per rank", file=sys.stderr, flush=True)
 
     def _load(self, state: Packet, log: Packet | None, target: int) -> None:
         state.verify()
