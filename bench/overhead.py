@@ -3,6 +3,7 @@
     python bench/overhead.py                          # 5M model, 4 ranks each, 3 rounds (~13 min)
     python bench/overhead.py --model 1m --steps 300   # quicker
     python bench/overhead.py --observe                # hotspare with --metrics (scraped every second) and --events on
+    python bench/overhead.py --model 1m --sharded fsdp  # FSDP2 (buddy snapshots on) against torchrun's FSDP2
     PYTHONPATH=/path/to/other/checkout python bench/overhead.py   # measure another hotspare
 
 Run one after the other, the two jobs meet different machines: on a shared 2-core VM the step
@@ -37,6 +38,7 @@ from procs import descendants, environ, free_port
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gpt_stdlib.py"
 # torchrun: rank 0 of the example prints "step N loss ..."; hotspare's launcher "[hotspare t] step N/T".
+SCRIPT_EXTRA: list[str] = []     # --sharded: the example's --fsdp / --hsdp
 STEP_LINE = re.compile(r"(?:^|\] )step\s+(\d+)")
 
 
@@ -122,7 +124,7 @@ def per_step(points: list[tuple[float, int, dict]], t0: float, t1: float) -> tup
 
 def commands(model: str, steps: int, port: int, observe: tuple[int, str] | None = None) -> dict[str, list[str]]:
     """``observe``: (metrics port, events file) to run hotspare with --metrics and --events on."""
-    script = [str(EXAMPLE), "--model", model, "--steps", str(steps)]
+    script = [str(EXAMPLE), "--model", model, "--steps", str(steps), *SCRIPT_EXTRA]
     watch = [] if observe is None else ["--metrics", f"127.0.0.1:{observe[0]}", "--events", observe[1]]
     return {
         "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
@@ -223,7 +225,11 @@ def main() -> None:
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--observe", action="store_true",
                    help="run hotspare with --metrics (scraped every second) and --events on (docs/OBSERVABILITY.md)")
+    p.add_argument("--sharded", choices=("fsdp", "hsdp"),
+                   help="run the example sharded (FSDP2, or 2 x 2 HSDP): hotspare's buddy snapshots and step gate "
+                        "against torchrun's plain FSDP2 (docs/SHARDED.md)")
     args = p.parse_args()
+    SCRIPT_EXTRA[:] = [f"--{args.sharded}"] if args.sharded else []
     if args.steps < args.warmup + 10:
         p.error(f"--steps must be at least --warmup + 10 = {args.warmup + 10}")
     if args.rounds < 1:
