@@ -48,7 +48,8 @@ class Membership:
         self.verify_at = -1          # the step whose vote checks a state transfer
         self.joins = 0               # generations joined so far (caches of the group's tensors expire)
         # Sharded jobs (runtime/sharded.py): called with the join message on every rank of a
-        # generation once its state sync is done (each rank's shard is restored there).
+        # generation just before and just after its state sync (each rank's shard is kept from
+        # the sync before, and restored after).
         self.before_sync: list[Callable[[dict[str, Any]], None]] = []
         self.after_sync: list[Callable[[dict[str, Any]], None]] = []
         link.on_abort(self._aborted)

@@ -168,7 +168,6 @@ class ShardedRuntime:
             self._start_snapshot(step)
 
     def _start_snapshot(self, step: int) -> None:
-        m = self.job.members
         shards = self._shards()             # references, taken on the training thread
         applied = self.job.progress.applied
         try:
