@@ -5,6 +5,7 @@
     python bench/overhead.py --observe                # three jobs: torchrun, hotspare, and hotspare with
                                                       # --metrics (scraped every second), --events and
                                                       # --dashboard (a logged-in page following it) on
+    python bench/overhead.py --model 1m --sharded fsdp  # FSDP2 (buddy snapshots on) against torchrun's FSDP2
     PYTHONPATH=/path/to/other/checkout python bench/overhead.py   # measure another hotspare
 
 Run one after the other, the two jobs meet different machines: on a shared 2-core VM the step
@@ -45,6 +46,7 @@ from procs import descendants, environ, free_port
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gpt_stdlib.py"
 # torchrun: rank 0 of the example prints "step N loss ..."; hotspare's launcher "[hotspare t] step N/T".
+SCRIPT_EXTRA: list[str] = []     # --sharded: the example's --fsdp / --hsdp
 STEP_LINE = re.compile(r"(?:^|\] )step\s+(\d+)")
 
 
@@ -137,7 +139,7 @@ OBSERVED = "hotspare+observe"
 def commands(model: str, steps: int, port: int, observe: tuple[int, str] | None = None) -> dict[str, list[str]]:
     """``observe``: (metrics port, events file) to add a third job, hotspare with --metrics,
     --events and --dashboard on."""
-    script = [str(EXAMPLE), "--model", model, "--steps", str(steps)]
+    script = [str(EXAMPLE), "--model", model, "--steps", str(steps), *SCRIPT_EXTRA]
     hotspare = [sys.executable, "-m", "hotspare", "run", "--nproc", "4", "--spares", "1", "--log-every", "1"]
     out = {
         "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
@@ -312,7 +314,11 @@ def main() -> None:
     p.add_argument("--observe", action="store_true",
                    help="add a third job: hotspare with --metrics (scraped every second), --events and --dashboard "
                         "(a logged-in viewer following it) on (docs/OBSERVABILITY.md)")
+    p.add_argument("--sharded", choices=("fsdp", "hsdp"),
+                   help="run the example sharded (FSDP2, or 2 x 2 HSDP): hotspare's buddy snapshots and step gate "
+                        "against torchrun's plain FSDP2 (docs/SHARDED.md)")
     args = p.parse_args()
+    SCRIPT_EXTRA[:] = [f"--{args.sharded}"] if args.sharded else []
     if args.steps < args.warmup + 10:
         p.error(f"--steps must be at least --warmup + 10 = {args.warmup + 10}")
     if args.rounds < 1:

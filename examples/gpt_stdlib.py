@@ -5,6 +5,7 @@ Run it (CPU, gloo):
     hotspare run --nproc 4 --spares 1 --inject kill:rank=2:step=60 -- examples/gpt_stdlib.py --steps 200
     torchrun --nproc-per-node 4 examples/gpt_stdlib.py --steps 200      # plain torchrun works too
     python examples/gpt_stdlib.py --steps 20                             # one process
+    hotspare run --nproc 4 --spares 1 -- examples/gpt_stdlib.py --fsdp   # FSDP2 (--hsdp: 2 x 2 HSDP)
 
 Compared with a plain DDP script, the hotspare lines are marked `# hotspare`: init instead of
 init_process_group, job.ddp instead of DDP, job.track, job.steps + `with step`, and data and
@@ -82,6 +83,8 @@ def main():
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--corpus-bytes", type=int, default=4_000_000)
     p.add_argument("--stats", help="write the final state digest and step times to this JSON file (rank 0)")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard per block, bf16 compute) instead of DDP")
+    p.add_argument("--hsdp", action="store_true", help="HSDP: FSDP2 over a (2, world/2) replicate x shard mesh")
     args = p.parse_args()
     torch.set_num_threads(1)  # one compute thread per CPU worker: 4 workers on 2 cores otherwise crawl
 
@@ -89,7 +92,17 @@ def main():
     job = hotspare.init()                                                  # hotspare
     n_layer, n_head, n_embd, block_size = PRESETS[args.model]
     torch.manual_seed(args.seed)
-    model = job.ddp(GPT(n_layer, n_head, n_embd, block_size))              # hotspare
+    if args.fsdp or args.hsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        model = GPT(n_layer, n_head, n_embd, block_size)
+        mesh = (job.device_mesh((2, job.world_size // 2), ("replicate", "shard")) if args.hsdp   # hotspare
+                else job.device_mesh((job.world_size,), ("fsdp",)))                             # hotspare
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+    else:
+        model = job.ddp(GPT(n_layer, n_head, n_embd, block_size))          # hotspare
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     job.track(model=model, optimizer=opt)                                  # hotspare
 
@@ -101,6 +114,8 @@ def main():
             loss = model(x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if args.fsdp or args.hsdp:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             job.log(loss=loss.item())
 

@@ -236,6 +236,20 @@ class GenerationGroup:
     def store(self) -> dist.Store:
         return self._store
 
+    # ---- sharded jobs (hotspare/sharded): the generation's torch group and its subgroups
+    @property
+    def process_group(self) -> dist.ProcessGroup | None:
+        """This generation's default torch group (None before ``connect``)."""
+        return self._pg
+
+    def subgroup(self, ranks: list[int]) -> dist.ProcessGroup:
+        """A subgroup of this generation (``dist.new_group``: every member of the generation calls
+        it, for every subgroup, in the same order), whose sockets this generation's ``abort`` shuts
+        down with its own."""
+        self._refuse_if_aborted()
+        with self._recording():
+            return dist.new_group(ranks, timeout=self.timeout)
+
     @contextmanager
     def _recording(self):
         before = _socket_fds()

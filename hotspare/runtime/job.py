@@ -89,6 +89,7 @@ class Job:
         self.vote: HealthVote | None = None
         self.driver: WorkerDriver | None = None   # the phase machine (managed only)
         self._ddps: list[torch.nn.Module] = []
+        self._sharded = None                  # runtime/sharded.py, once job.device_mesh() is called
         self._plain = (0, 1)                  # (rank, world size) outside hotspare run
         self._checked_tracking = False
         self._left_early = False              # the script left job.steps/job.epochs before the end
@@ -137,6 +138,7 @@ class Job:
     def digest(self) -> str:
         """sha256 of the replicated state (every tracked tensor but the modules' buffers, and
         the JSON metadata) in a canonical order: the same on every healthy replica."""
+        if self._sharded is not None: return self._sharded.digest()   # noqa: E701 - all ranks' shards (runtime/sharded.py)
         return self.registry.digest(per_rank=self.rankstate.buffer_names())
 
     @property
@@ -219,6 +221,12 @@ class Job:
         ddp = wrap_ddp(module, self.protocol if self.managed else None, **kwargs)
         self._ddps.append(ddp)
         return ddp
+
+    def device_mesh(self, shape: tuple[int, ...], mesh_dim_names: tuple[str, ...]):
+        """A ``DeviceMesh`` for torch's ``fully_shard`` that survives failovers (docs/SHARDED.md)."""
+        from hotspare.runtime.sharded import ShardedRuntime
+        self._sharded = ShardedRuntime.create(self, self._sharded, shape, mesh_dim_names)
+        return self._sharded.device_mesh
 
     def track(self, **objects: Any) -> None:
         """Register what a replacement must receive: ``job.track(model=m, optimizer=opt,
@@ -397,6 +405,8 @@ class Job:
             self._persist.after_commit(step)      # a finished write reports itself
         if outcome is Outcome.RECOVER:
             self.driver.handle(failure)           # recovered at the next resume point
+            if self._sharded is not None:
+                self._sharded.reset_modules()     # FSDP's per-iteration state back to idle
             if self.progress.applied < step:
                 self.top.failed(self.registry.objects())   # the rest of the loop body still runs
         return outcome is Outcome.RECOVER
@@ -405,6 +415,7 @@ class Job:
         """The last step is done: report it (managed), or wait for every rank (plain)."""
         self._finished = True
         write_verify_digests(self)         # only under `hotspare verify` (HOTSPARE_VERIFY_OUT)
+        if self._sharded is not None and not self.managed: self._sharded.compute_digest()  # noqa: E701
         if self.managed:
             if self.rank == 0:
                 self._persist.flush()      # a checkpoint in flight reports itself when durable
@@ -415,6 +426,8 @@ class Job:
 
     def _finish(self) -> bool:
         """Report completion; True when released, False if a recovery needs us first."""
+        if self._sharded is not None:
+            self._sharded.compute_digest()        # a collective: every rank, at the end
         self.driver.handle(Finished({"step": self.committed, "digest": self.digest, "rank_digest": self.rank_digest}))
         return self.driver.phase is WorkerPhase.RELEASED
 
@@ -439,6 +452,8 @@ class Job:
         self.rows.own_at_commit = None    # no baseline for "changed after the exchange" until the next commit
         for ddp in self._ddps:
             reset_after_failure(ddp)
+        if self._sharded is not None:
+            self._sharded.after_failure()         # the group is torn down: finish buddy transfers
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_now(self) -> None:

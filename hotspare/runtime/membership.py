@@ -34,6 +34,11 @@ class Membership:
         self.pending_sync: dict[str, Any] | None = None   # deferred until the script tracked its state
         self.verify_at = -1          # the step whose vote checks a state transfer
         self.joins = 0               # generations joined so far (caches of the group's tensors expire)
+        # Sharded jobs (runtime/sharded.py): called with the join message on every rank of a
+        # generation just before and just after its state sync (each rank's shard is kept from
+        # the sync before, and restored after).
+        self.before_sync: list[Callable[[dict[str, Any]], None]] = []
+        self.after_sync: list[Callable[[dict[str, Any]], None]] = []
 
     # ------------------------------------------------------------------ the group
     def abort_upto(self, upto: int) -> None:
@@ -102,6 +107,14 @@ class Membership:
 
     def sync_state(self, msg: dict[str, Any]) -> tuple[int, float]:
         """Bring every receiver to the source's committed state; returns (bytes, seconds)."""
+        for hook in self.before_sync:
+            hook(msg)
+        out = self._sync_replicated(msg)
+        for hook in self.after_sync:       # every rank of the generation, after the sync
+            hook(msg)
+        return out
+
+    def _sync_replicated(self, msg: dict[str, Any]) -> tuple[int, float]:
         self.pending_sync = None
         if msg.get("restore"):
             # No copy survived in memory (or --resume): every rank reads the checkpoint itself.
@@ -118,8 +131,8 @@ class Membership:
             if self.progress.committed != target:
                 raise StateMismatch(f"rank {self.rank} was chosen as source for step {target} "
                                     f"but holds step {self.progress.committed}")
-            stats = self.sync.send(self.group.store, key, target, self.rows.start_rows(target, self.store, self.world_size),
-                                   self.world_size, source, receivers)
+            rows = self.rows.start_rows(target, self.store, self.world_size)
+            stats = self.sync.send(self.group.store, key, target, rows, self.world_size, source, receivers)
         else:
             self.hooks.transfer(self.generation, self.rank, "receiver")
             step, stats = self.sync.receive(self.group.store, key, "the source rank", source, receivers,

@@ -71,7 +71,16 @@ class Persister:
             raise CheckpointError(f"refused to {what} {path}: it is outside the job's checkpoint "
                                   f"directory {allowed}")
 
+    def _refuse_sharded(self, what: str) -> None:
+        # A rank-0 checkpoint of a sharded job (hotspare/sharded) would hold rank 0's shard only,
+        # and a restore would load it into every rank: never written, never read (docs/SHARDED.md).
+        if self.registry.sharded:
+            raise CheckpointError(f"refused to {what}: this job's state is sharded (FSDP2/HSDP) and hotspare's "
+                                  "checkpoints are rank 0's state; sharded checkpoints are not implemented yet")
+
     def _writer(self) -> AsyncCheckpointer | None:
+        if self.registry.sharded:
+            return None
         if self.directory and (self._every or self._seconds) and self._async is None:
             self._async = AsyncCheckpointer(self.directory, fingerprint(self.registry),
                                             interval_steps=self._every, interval_seconds=self._seconds,
@@ -111,6 +120,7 @@ class Persister:
         directory = self.directory
         if directory is None:
             raise CheckpointError("no checkpoint directory in this worker's contract (HOTSPARE_CHECKPOINT_DIR)")
+        self._refuse_sharded("write a checkpoint")
         if self._async is not None:
             self._async.wait()
         return save(directory, step, *_payload(self.registry.snapshot(), step), fingerprint(self.registry),
@@ -118,6 +128,7 @@ class Persister:
 
     def restore(self, path: str) -> int:
         """Load a verified checkpoint into the tracked objects; returns its step."""
+        self._refuse_sharded("restore a checkpoint")
         self._confined(path, [self.directory, self._resume_dir], "restore from")
         step, tensors, manifest, _info = load(path, fingerprint(self.registry), key=self._signing_key())
         dsts, needs_load = self.registry.prepare_receive(manifest)

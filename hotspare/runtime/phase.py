@@ -320,8 +320,10 @@ def transition(state: WorkerState, event: Event) -> tuple[WorkerState, list[Effe
             fields: dict[str, Any] = {"committed": event.committed, "error": failure.reason or ""}
             if failure.health is not None:
                 fields["health"] = failure.health
+            # torn down first: transfers in flight end (a sharded job's buddy snapshots), then
+            # what the failed step touched is put back
             return _move(state, P.RECOVERING, failure=None, pause_at=None), [
-                Rollback(failure.step), Teardown(), Report("failed", fields), AwaitOrder()]
+                Teardown(), Rollback(failure.step), Report("failed", fields), AwaitOrder()]
         if event.may_pause and state.pause_at is not None and event.committed >= state.pause_at:
             return _move(state, P.PAUSED, pause_at=None), [
                 Teardown(), Report("paused", {"committed": event.committed}), AwaitOrder()]

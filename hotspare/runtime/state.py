@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,9 +93,36 @@ def _dtype(name: str) -> torch.dtype:
     return dt
 
 
+def _is_sharded(obj: Any) -> bool:
+    # Sharded jobs (hotspare/sharded): an object whose parameters are DTensors moves as its
+    # local shards. Nothing to look for when DTensor was never imported.
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
+    from hotspare.sharded.localize import is_sharded
+    return is_sharded(obj)
+
+
 class StateRegistry:
     def __init__(self) -> None:
         self._objs: dict[str, Any] = {}
+        self._sharded: set[str] = set()      # objects holding DTensors: their local shards move
+
+    @property
+    def sharded(self) -> set[str]:
+        return set(self._sharded)
+
+    def _state_dict(self, name: str) -> dict[str, Any]:
+        if name in self._sharded:
+            from hotspare.sharded.localize import local_state_dict
+            return local_state_dict(self._objs[name])
+        return self._objs[name].state_dict()
+
+    def _load(self, name: str, sd: Any) -> None:
+        if name in self._sharded:
+            from hotspare.sharded.localize import load_local_state_dict
+            load_local_state_dict(self._objs[name], sd)
+        else:
+            self._objs[name].load_state_dict(sd)
 
     def add(self, name: str, obj: Any) -> None:
         obj = _unwrap(obj)
@@ -104,6 +132,8 @@ class StateRegistry:
         if name in self._objs and self._objs[name] is not obj:
             raise ConfigError(f"{name!r} is already tracked; pick another name")
         self._objs[name] = obj
+        if _is_sharded(obj):
+            self._sharded.add(name)
 
     def objects(self) -> dict[str, Any]:
         return dict(self._objs)
@@ -114,7 +144,7 @@ class StateRegistry:
     def snapshot(self) -> Snapshot:
         snap = Snapshot()
         for name in sorted(self._objs):
-            snap.trees[name] = _encode(self._objs[name].state_dict(), (name,), snap.tensors)
+            snap.trees[name] = _encode(self._state_dict(name), (name,), snap.tensors)
         return snap
 
     def digest(self, per_rank: dict[str, set[str]] | None = None) -> str:
@@ -186,6 +216,6 @@ class StateRegistry:
         for name in sorted(needs_load):
             sd = _decode(manifest["trees"][name], dsts)
             try:
-                self._objs[name].load_state_dict(sd)
+                self._load(name, sd)
             except (RuntimeError, ValueError, KeyError) as e:
                 raise StateMismatch(f"received state does not load into {name!r}: {e}") from e

@@ -33,6 +33,8 @@ def _tensor_sum(tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha256()
     for t in tensors:
         t = t.detach()
+        if hasattr(t, "to_local"):       # a DTensor (a sharded job): this rank's shard
+            t = t.to_local()
         if t.device.type != "cpu":
             t = t.cpu()
         h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)

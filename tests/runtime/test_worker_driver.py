@@ -81,7 +81,7 @@ def test_peer_lost_then_recovered_at_the_resume_point_in_the_contract_order():
     assert members.calls[-1] == ("abort", 1) and d.recovering and rollbacks == []
     d.handle(ph.ResumePoint(committed=11))
     assert rollbacks == [12]
-    assert members.calls == [("join", 1), ("abort", 1), ("teardown",), ("join", 2)]
+    assert members.calls == [("join", 1), ("abort", 1), ("teardown",), ("join", 2)]   # torn down, then rolled back
     assert link.sent == [("failed", {"gen": 1, "rank": 1, "committed": 11, "error": "RuntimeError: connection closed"})]
     assert d.phase is P.STEPPING and d.state.generation == 2 and not d.recovering
 
