@@ -36,7 +36,7 @@ import hashlib
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,8 +50,9 @@ from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride, p
 from hotspare.transfer import buddy as wire
 from hotspare.transfer.buddy import BuddyStore, Packet
 
-if TYPE_CHECKING:
-    from hotspare.runtime.job import Job
+# The job (runtime/job.py ``Job``) that creates this runtime: typed loosely so the import goes
+# one way (job.py imports this module).
+Job = Any
 
 THREAD_JOIN_S = 30.0
 ENV_STRIDE = "HOTSPARE_BUDDY_STRIDE"
@@ -83,7 +84,7 @@ class _Transfer(threading.Thread):
 
 
 class ShardedRuntime:
-    def __init__(self, job: "Job", shape: tuple[int, ...], names: tuple[str, ...]):
+    def __init__(self, job: Job, shape: tuple[int, ...], names: tuple[str, ...]):
         self.job = job
         self.store = BuddyStore()
         self._replaying = False
@@ -115,7 +116,7 @@ class ShardedRuntime:
             self.device_mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
 
     @classmethod
-    def create(cls, job: "Job", existing: "ShardedRuntime | None", shape, names) -> "ShardedRuntime":
+    def create(cls, job: Job, existing: "ShardedRuntime | None", shape, names) -> "ShardedRuntime":
         """``job.device_mesh(shape, mesh_dim_names)``, checked."""
         if existing is not None:
             raise ConfigError("job.device_mesh() is called once per job")
