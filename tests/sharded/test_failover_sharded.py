@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from hotspare.testing import run_job
+from hotspare.testing.inproc import run_inproc
 from hotspare.testing.local import EXAMPLE, run_torchrun
 
 STEPS = 8
@@ -44,7 +44,7 @@ def assert_recovered(r, reference, sources):
 
 
 def test_fsdp_under_hotspare_run_gives_torchruns_digest(fsdp_reference):
-    r = run_job([*ARGS, "--fsdp"], spares=0)
+    r = run_inproc([*ARGS, "--fsdp"], spares=0)
     assert r.code == 0, r.output[-5000:]
     assert r.digest == fsdp_reference and r.report["failures_total"] == 0
 
@@ -52,20 +52,20 @@ def test_fsdp_under_hotspare_run_gives_torchruns_digest(fsdp_reference):
 def test_fsdp_kill_mid_run_restores_the_shard_from_the_buddy(fsdp_reference):
     # killed as step 5 begins, before it sent its snapshot of step 4: its buddy holds the
     # snapshot of step 3 and the log of step 4, which the spare replays
-    r = run_job([*ARGS, "--fsdp"], inject=["kill:rank=2:step=5"])
+    r = run_inproc([*ARGS, "--fsdp"], inject=["kill:rank=2:step=5"])
     assert_recovered(r, fsdp_reference, ["the snapshot of step 3 + the log of step 4, replayed"])
 
 
 def test_fsdp_kill_of_rank_0_at_the_first_and_of_rank_3_at_the_last_step(fsdp_reference):
-    r = run_job([*ARGS, "--fsdp"], inject=["kill:rank=0:step=0"])
+    r = run_inproc([*ARGS, "--fsdp"], inject=["kill:rank=0:step=0"])
     assert_recovered(r, fsdp_reference, ["the snapshot of step -1"])
-    r = run_job([*ARGS, "--fsdp"], inject=[f"kill:rank=3:step={STEPS - 1}"])
+    r = run_inproc([*ARGS, "--fsdp"], inject=[f"kill:rank=3:step={STEPS - 1}"])
     assert_recovered(r, fsdp_reference, [f"the snapshot of step {STEPS - 3} + the log of step {STEPS - 2}"])
 
 
 def test_hsdp_kill_restores_the_shard_from_its_replica(tmp_path):
     reference = torchrun_digest(tmp_path, "--hsdp")
-    r = run_job([*ARGS, "--hsdp"], inject=["kill:rank=3:step=4"])
+    r = run_inproc([*ARGS, "--hsdp"], inject=["kill:rank=3:step=4"])
     assert_recovered(r, reference, ["restored from rank 1: its live replica"])
 
 
@@ -77,7 +77,7 @@ def test_the_realistic_fsdp2_example_with_accumulation_and_a_schedule(tmp_path):
     proc, _ = run_torchrun(["--steps", "10", "--stats", str(stats)], script, stats_flag=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = json.load(open(stats))["digest"]
-    r = run_job(["--steps", "10"], script=script, inject=["kill:rank=1:step=6"])
+    r = run_inproc(["--steps", "10"], script=script, inject=["kill:rank=1:step=6"])
     assert r.code == 0, r.output[-5000:]
     assert r.digest == reference and r.report["steps_repeated"] == 0
     assert r.report["failures_total"] == r.report["recovered_zero_loss"] == 1
@@ -85,14 +85,14 @@ def test_the_realistic_fsdp2_example_with_accumulation_and_a_schedule(tmp_path):
 
 
 def test_fsdp_hang_is_fenced_and_the_shard_restored(fsdp_reference):
-    r = run_job([*ARGS, "--fsdp"], inject=["hang:rank=2:step=5"], extra=["--hang-floor", "1"])
+    r = run_inproc([*ARGS, "--fsdp"], inject=["hang:rank=2:step=5"], extra=["--hang-floor", "1"])
     assert_recovered(r, fsdp_reference, ["the snapshot of step 3 + the log of step 4, replayed"])
     assert r.report["failures"][0]["kind"] == "hang"
 
 
 def test_hsdp_two_ranks_of_different_replica_groups_lost_in_one_step(tmp_path):
     reference = torchrun_digest(tmp_path, "--hsdp")
-    r = run_job([*ARGS, "--hsdp"], spares=2, inject=["kill:rank=0:step=3", "kill:rank=3:step=3"])
+    r = run_inproc([*ARGS, "--hsdp"], spares=2, inject=["kill:rank=0:step=3", "kill:rank=3:step=3"])
     assert r.code == 0, r.output[-5000:]
     rep = r.report
     assert rep["final_state_digest"] == reference and rep["steps_repeated"] == 0
