@@ -41,6 +41,9 @@ OTHER_VARIABLES = [
      "where a running job leaves its run file (default ~/.hotspare/runs)"),
     ("HOTSPARE_DEBUG", "you", "`coordinator/coordinator.py`", "any value: the coordinator logs every event "
      "and decision"),
+    ("HOTSPARE_BUDDY_STRIDE", "you", "`runtime/sharded.py`",
+     "sharded jobs: how many ranks away each rank's buddy is (its snapshots live there); default: "
+     "the ranks of one host, so a buddy is on another host (docs/SHARDED.md)"),
     ("HOTSPARE_LOG_EVERY_S", "you (bench/overhead.py)", "`runtime/job.py`",
      "outside `hotspare run`, seconds between rank 0's progress lines (default 10; 0: every step)"),
     ("HOTSPARE_ZYGOTE_PAD", "node agent (the zygote's own environment)", "`agent/zygote.py`",

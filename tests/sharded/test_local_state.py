@@ -14,9 +14,14 @@ from hotspare.runtime.state import StateRegistry
 
 @pytest.fixture(scope="module")
 def mesh():
-    if not dist.is_initialized():
+    # a world of one in the test process, gone again after this module (later modules build
+    # their own default group)
+    ours = not dist.is_initialized()
+    if ours:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield init_device_mesh("cpu", (1,))
+    if ours:
+        dist.destroy_process_group()
 
 
 def _trained(mesh, seed):
