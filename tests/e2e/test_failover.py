@@ -61,6 +61,7 @@ def test_two_ranks_killed_in_the_same_step_with_one_spare_start_a_cold_replaceme
     assert_recovered(run_inproc(ARGS, inject=["kill:rank=0:step=9", "kill:rank=3:step=9"]), reference, 2)
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_second_failure_finds_the_reprovisioned_warm_spare():
     # The spare started after the first failure (forked from the zygote: ready within a second)
     # is warm for the second, 100 steps (3 s or more) later.
@@ -76,6 +77,7 @@ def test_second_failure_finds_the_reprovisioned_warm_spare():
     assert "spawn: workers and spares fork from a zygote" in r.output
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_failover_across_node_agents(reference):
     """Two node agents (--local-nodes 2), each with its own device slots, talking to the
     coordinator over TCP: a rank on one node is taken over by the spare on the other, and the
@@ -100,6 +102,7 @@ def test_script_bug_is_not_failed_over_forever():
     assert r.report["outcome"] == "stopped" and r.report["failures_total"] == 1
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_same_script_runs_under_plain_torchrun_with_the_same_digest(reference, tmp_path):
     out = tmp_path / "stats.json"
     with socket.socket() as sock:      # torchrun's --master-port 0 does not reach the workers
@@ -184,6 +187,7 @@ def test_ctrl_c_stops_the_job_at_once_and_leaves_no_worker_behind():
     assert took < 10, output
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_ctrl_c_cuts_quarantine_diagnostics_short(tmp_path):
     # A straggler is migrated off its device, which then drains into quarantine diagnostics
     # (seconds of burn-in on a loaded machine, minutes on a GPU); Ctrl-C must not wait for them.

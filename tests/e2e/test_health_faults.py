@@ -90,6 +90,7 @@ def test_corrupt_parameter_is_found_by_the_fingerprint_vote(tmp_path, reference)
     assert re.search(r"VOTE .* differ from the other 3 replicas at step 2[4-6] ", result.output), result.output
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_corrupt_parameter_between_periodic_votes_is_caught_at_the_next_one(tmp_path):
     # The default vote period (10): caught at step 30, replaced from a replica, and the run goes
     # on with consistent replicas. The averaged updates of steps 24-29 may have carried gradients
@@ -110,6 +111,7 @@ def test_nan_gradients_on_one_rank_never_reach_the_others(tmp_path, reference):
     assert (f["kind"], f["rank"], f["lost_steps"]) == ("health:nonfinite", 1, 0)
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_straggler_is_migrated_off_its_device(tmp_path, reference):
     # The default asks for 5 windows of 10 steps in a row; a user rules file may be quicker.
     rules = tmp_path / "rules.toml"
@@ -132,6 +134,7 @@ def test_without_a_spare_a_hot_device_is_reported_not_moved(tmp_path, reference)
     assert "no warm spare" in result.output
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_nan_that_follows_the_rank_to_a_new_device_is_a_bug(tmp_path):
     result = run_inproc(["30"], script=REPO / "tests" / "scripts" / "nan_data.py", extra=FAST,
                      env={"NAN_RANK": "1", "NAN_STEP": "12"})
@@ -181,6 +184,7 @@ def hotspare_cli(tmp_path, *argv):
                           env={**os.environ, "HOTSPARE_RUN_DIR": str(tmp_path / "runs")})
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_operator_drain_moves_the_rank_off_a_running_job(tmp_path, long_reference):
     db = tmp_path / "health.json"
     proc, lines, report = start_job(tmp_path, "--health-db", str(db))
@@ -193,6 +197,7 @@ def test_operator_drain_moves_the_rank_off_a_running_job(tmp_path, long_referenc
     assert r["final_state_digest"] == long_reference and r["steps_repeated"] == 0
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_hotspare_inject_reaches_a_running_job_and_bad_specs_harm_nothing(tmp_path, long_reference):
     proc, lines, report = start_job(tmp_path, "--allow-inject")
     bad = hotspare_cli(tmp_path, "inject", "thermal:rank=1")

@@ -50,7 +50,7 @@ def test_rank_0_killed_mid_run_every_rank_ends_bitwise_equal(name):
     run_with(name, ["kill:rank=0:step=9"])
 
 
-@pytest.mark.parametrize("name", ["amp_text"])
+@pytest.mark.parametrize("name", [pytest.param("amp_text", marks=pytest.mark.slow)])
 def test_same_script_under_plain_torchrun_gives_the_same_digests(name):
     args, _ = SCRIPTS[name]
     proc, stats = run_torchrun(args, EXAMPLES / f"{name}.py")

@@ -16,7 +16,7 @@ def files(d, prefix):
     return sorted(n.split("-", 2)[-1] for n in os.listdir(d) if n.startswith(prefix))
 
 
-@pytest.mark.parametrize("spawn", ["fork", "exec"])
+@pytest.mark.parametrize("spawn", ["fork", pytest.param("exec", marks=pytest.mark.slow)])
 def test_an_unused_spare_runs_no_code_past_init_and_atexit_handlers_run(tmp_path, spawn):
     r = run_inproc([str(tmp_path), "12"], nproc=2, spares=1, script=SCRIPT, extra=["--spawn", spawn])
     assert r.code == 0, r.output
@@ -34,6 +34,7 @@ def test_a_replacement_sees_its_rank_world_size_and_process_group_after_init(tmp
     assert files(tmp_path, "after-loop-") == ["w0", "w2"]
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_atexit_handlers_run_under_plain_torchrun(tmp_path):
     from hotspare.testing.local import run_torchrun
     proc, _ = run_torchrun([str(tmp_path), "6"], SCRIPT, nproc=2, stats_flag=None)
@@ -62,6 +63,7 @@ def test_state_the_script_did_not_track_is_named_a_script_bug_after_a_failover_n
     assert not r.report["health_events"], "no device may be cordoned for a script's bug"
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_launcher_ends_with_a_report_when_a_rank_dies_after_its_peers_finished():
     # Rank 0 alone calls a collective after some steps (a script bug): it is fenced as hung each
     # time, and after the last step it dies while rank 1 has already finished and waits to be

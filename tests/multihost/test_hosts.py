@@ -39,6 +39,7 @@ def workers_of(report, node):
     return {w["worker"] for w in report["nodes"][node]["workers"]}
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_three_hosts_without_faults_equal_one_host(net, secret_file, reference, tmp_path):
     job = HostJob(net, secret_file, str(tmp_path / "r.json"), ARGS, extra=LEASE)
     try:
@@ -50,6 +51,7 @@ def test_three_hosts_without_faults_equal_one_host(net, secret_file, reference, 
     assert all(log.proc.returncode == 0 for log in job.agent_logs.values())
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_host_killed_mid_run_fails_over_to_the_spare_host(net, secret_file, reference, tmp_path):
     job = HostJob(net, secret_file, str(tmp_path / "r.json"), ARGS, extra=[*LEASE, "--log-every", "10"])
     try:
@@ -69,6 +71,7 @@ def test_host_killed_mid_run_fails_over_to_the_spare_host(net, secret_file, refe
     assert "NODE    hostb: the link to its agent closed; 2 worker(s) lost with it" in job.log.text()
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_partitioned_host_fences_itself_and_stays_out_after_healing(net, secret_file, reference, tmp_path):
     # A hang floor above lease + margin: the partition is found by the lease, not by the hang detector.
     job = HostJob(net, secret_file, str(tmp_path / "r.json"), ARGS,

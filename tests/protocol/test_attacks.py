@@ -398,6 +398,7 @@ def finish(proc, lines, tmp_path) -> tuple[dict, str]:
     return json.loads((tmp_path / "report.json").read_text()), "".join(lines)
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_a_job_under_attack_on_every_port_ends_with_the_fault_free_digest(tmp_path, reference):
     proc, lines, env = start(tmp_path, "--allow-inject")
     try:
@@ -454,6 +455,7 @@ def test_nothing_on_the_network_path_unpickles():
                                  code), path
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_a_job_whose_launcher_ran_out_of_file_descriptors_still_fails_over(tmp_path, reference):
     """Connections until the launcher hits its file limit (EMFILE in every accept loop); once
     they are gone, `hotspare inject` reaches the job again and the new spare registers."""

@@ -56,6 +56,7 @@ def test_fsdp_kill_mid_run_restores_the_shard_from_the_buddy(fsdp_reference):
     assert_recovered(r, fsdp_reference, ["the snapshot of step 3 + the log of step 4, replayed"])
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_fsdp_kill_of_rank_0_at_the_first_and_of_rank_3_at_the_last_step(fsdp_reference):
     r = run_inproc([*ARGS, "--fsdp"], inject=["kill:rank=0:step=0"])
     assert_recovered(r, fsdp_reference, ["the snapshot of step -1"])
@@ -63,12 +64,14 @@ def test_fsdp_kill_of_rank_0_at_the_first_and_of_rank_3_at_the_last_step(fsdp_re
     assert_recovered(r, fsdp_reference, [f"the snapshot of step {STEPS - 3} + the log of step {STEPS - 2}"])
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_hsdp_kill_restores_the_shard_from_its_replica(tmp_path):
     reference = torchrun_digest(tmp_path, "--hsdp")
     r = run_inproc([*ARGS, "--hsdp"], inject=["kill:rank=3:step=4"])
     assert_recovered(r, reference, ["restored from rank 1: its live replica"])
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_the_realistic_fsdp2_example_with_accumulation_and_a_schedule(tmp_path):
     """examples/fsdp_llm.py: per-block sharding, reshard_after_forward, bf16/fp32 mixed precision,
     2 micro-batches with set_requires_gradient_sync(False), clipping, warm-up + cosine."""
@@ -84,12 +87,14 @@ def test_the_realistic_fsdp2_example_with_accumulation_and_a_schedule(tmp_path):
     assert "shard of step 5 restored from rank 2: the snapshot of step 4 + the log of step 5, replayed" in r.output
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_fsdp_hang_is_fenced_and_the_shard_restored(fsdp_reference):
     r = run_inproc([*ARGS, "--fsdp"], inject=["hang:rank=2:step=5"], extra=["--hang-floor", "1"])
     assert_recovered(r, fsdp_reference, ["the snapshot of step 3 + the log of step 4, replayed"])
     assert r.report["failures"][0]["kind"] == "hang"
 
 
+@pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_hsdp_two_ranks_of_different_replica_groups_lost_in_one_step(tmp_path):
     reference = torchrun_digest(tmp_path, "--hsdp")
     r = run_inproc([*ARGS, "--hsdp"], spares=2, inject=["kill:rank=0:step=3", "kill:rank=3:step=3"])
