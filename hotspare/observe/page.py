@@ -68,7 +68,7 @@ SCRIPT = r"""
 const PHASES = {detect: "#c0392b", decide: "#e67e22", rebuild_groups: "#8e44ad", transfer_state: "#2471a3",
                 first_committed_step: "#27ae60"};
 const S = {start: null, job: {}, devices: {}, readings: {}, placement: [], spares: [], gen: 0, world: 0,
-           step: null, dt: null, curve: [], failures: [], recovered: {}, failovers: {}, migrations: [],
+           step: null, dt: null, curve: [], failures: [], recovered: {}, failovers: {}, migrations: [], loans: [],
            health: [], end: null, last: null, cluster: null, jobName: null,
            jobs: [], chosen: null, replayed: false, closed: false};   // chosen: a job picked, null: the newest
 const NONCE = (document.querySelector('meta[name="hotspare-nonce"]') || {}).content || null;
@@ -84,7 +84,7 @@ const esc = s => String(s).replace(/[&<>"']/g, c => ENT[c]);
 const key = d => d.worker + "@" + d.step;
 
 function resetJob() {
-  for (const k of ["placement", "spares", "curve", "failures", "migrations", "health"]) S[k] = [];
+  for (const k of ["placement", "spares", "curve", "failures", "migrations", "loans", "health"]) S[k] = [];
   Object.assign(S, {start: null, job: {}, gen: 0, world: 0, step: null, dt: null, recovered: {}, failovers: {},
                     end: null});
 }
@@ -117,6 +117,7 @@ function apply(r) {
     case "failover": S.failovers[key(d)] = r; break;
     case "recovered": case "unrecovered": S.recovered[key(d)] = r; break;
     case "migration": S.migrations.push(r); break;
+    case "device_loaned": S.loans.push(r); break;
     case "health_event": S.health.push(r); break;
     case "run_end": S.end = r; break;
   }
@@ -256,10 +257,14 @@ function timeline() {
   for (const m of S.migrations) items.push([m.t, `<div class="item" data-kind="migration">` +
     `<span class="kind-migration">${rel(m.t)} MIGRATION</span> rank ${esc(m.data.rank)} off ${esc(m.data.device)}: ` +
     `${esc(m.data.outcome)}</div>`]);
+  for (const l of S.loans) items.push([l.t, `<div class="item" data-kind="loan">` +
+    `<span class="kind-migration">${rel(l.t)} BORROWED</span> ${esc(l.data.borrower)} got ` +
+    `${esc((l.data.hosts || []).join(", "))} (${esc(l.data.slots)} slots)` +
+    (l.data.lender ? ` from ${esc(l.data.lender)}, paused` : " from the idle pool") + `: ${esc(l.data.reason)}</div>`]);
   for (const h of S.health) items.push([h.t, `<div class="item" data-kind="health">${rel(h.t)} HEALTH ` +
     `${esc(h.data.device)}: ${esc(h.data.action)} by ${esc(h.data.rule)}: ${esc(h.data.reason)}</div>`]);
   items.sort((a, b) => b[0] - a[0]);
-  $("timeline").innerHTML = items.map(i => i[1]).join("") || "<p>no failures, fences or migrations yet</p>";
+  $("timeline").innerHTML = items.map(i => i[1]).join("") || "<p>no failures, fences, migrations or borrowings yet</p>";
 }
 
 let pending = false;

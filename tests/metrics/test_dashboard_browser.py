@@ -191,7 +191,8 @@ def test_service_dashboard_cordons_a_device_after_a_confirmation(tmp_path):
 
 def test_service_page_shows_the_newest_job_or_the_one_chosen(tmp_path):
     """The service's dashboard (in this process, fed two jobs' records as the service's observers
-    give them): the page shows j2, the newest; choosing j1 in the selector shows j1's failure
+    give them): the page shows j2, the newest, with the host it borrowed from j1 on its timeline;
+    choosing j1 in the selector shows j1's failure
     and its records as they come; the dashboard's close is said on the page."""
     from selenium.webdriver.support.ui import Select
 
@@ -205,6 +206,8 @@ def test_service_page_shows_the_newest_job_or_the_one_chosen(tmp_path):
               "job": job})
         dash({**ev.record("failure", t0 + i + 0.5, {"rank": i + 1, "worker": f"{job}.w{i + 1}", "step": 7,
                                                     "kind": "killed"}), "job": job})
+    dash({**ev.to_record(ev.DeviceLoaned("j2", "j1", ("hostb",), 1, 1000, 0, "j1 is preemptible and of lower "
+                                         "priority", t0 + 2.5)), "job": "j2"})
     dash(ev.record("cluster", t0 + 3, {"hosts": [], "devices": []}))
     browser = None
     try:
@@ -221,7 +224,8 @@ def test_service_page_shows_the_newest_job_or_the_one_chosen(tmp_path):
                 "        document.getElementById('status').textContent];")
         job, hidden, options, items, _ = _wait("j2 shown", lambda: (v := shown())[0].startswith("train_j2") and v, 30)
         assert not hidden and options == ["", "j2", "j1"], options
-        assert len(items) == 1 and "rank 2 (j2.w2) killed at step 7" in items[0], items
+        assert len(items) == 2 and "rank 2 (j2.w2) killed at step 7" in items[1], items
+        assert "BORROWED j2 got hostb (1 slots) from j1, paused" in items[0], items   # newest first
         Select(browser.find_element("id", "jobsel")).select_by_value("j1")
         job, _, _, items, _ = _wait("j1 shown", lambda: (v := shown())[0].startswith("train_j1") and v, 30)
         assert len(items) == 1 and "rank 1 (j1.w1) killed at step 7" in items[0], items
