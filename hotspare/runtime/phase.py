@@ -30,8 +30,8 @@ it). Everything else happens on the training thread.
 
 A failed step is recovered at the next *resume point* (the top of the next loop iteration),
 after the rest of the failed iteration ran and was undone (runtime/iteration.py): ``StepFailed``
-only aborts the group (so the peers blocked on this rank are freed now); ``ResumePoint`` rolls
-back, tears down, reports and waits.
+only aborts the group (so the peers blocked on this rank are freed now); ``ResumePoint`` tears
+down (transfers in flight end), rolls back, reports and waits.
 """
 from __future__ import annotations
 
