@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hotspare.testing.local import EXAMPLE  # noqa: E402
 from hotspare.testing.netns import Hosts, unavailable  # noqa: E402
-from hotspare.testing.servicejob import ServiceCluster  # noqa: E402
+from hotspare.testing.servicejob import ServiceCluster, new_secret_file  # noqa: E402
 
 MODES = ("spare", "idle", "borrowed")
 
@@ -90,10 +90,7 @@ def main() -> int:
         print(f"bench/borrow.py needs network namespaces: {why}", file=sys.stderr)
         return 2
     net = Hosts(["hosta", "hostb", "hostc"])
-    secret = os.path.join(tempfile.mkdtemp(), "secret")
-    with open(secret, "w") as f:
-        f.write(os.urandom(32).hex())
-    os.chmod(secret, 0o600)
+    secret = new_secret_file()
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     ratios: dict[str, list[float]] = {m: [] for m in MODES}
     try:

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hotspare.testing.local import EXAMPLE  # noqa: E402
 from hotspare.testing.netns import Hosts, unavailable  # noqa: E402
-from hotspare.testing.servicejob import ServiceCluster  # noqa: E402
+from hotspare.testing.servicejob import ServiceCluster, new_secret_file  # noqa: E402
 
 
 def one_run(net: Hosts, secret: str, steps: int, at: int | None, away: float) -> dict:
@@ -77,10 +77,7 @@ def main() -> int:
         print(f"bench/service_restart.py needs network namespaces: {why}", file=sys.stderr)
         return 2
     net = Hosts(["hosta", "hostb", "hostc"])
-    secret = os.path.join(tempfile.mkdtemp(), "secret")
-    with open(secret, "w") as f:
-        f.write(os.urandom(32).hex())
-    os.chmod(secret, 0o600)
+    secret = new_secret_file()
     ratios, resumes, rows = [], [], []
     try:
         for i in range(args.repeats):

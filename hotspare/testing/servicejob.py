@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +18,15 @@ from hotspare.testing.local import REPO
 from hotspare.testing.netns import Hosts
 
 PORT = 29500
+
+
+def new_secret_file(directory: str | None = None) -> str:
+    """A fresh job secret in a file only its owner may read (what --secret-file wants)."""
+    path = os.path.join(directory or tempfile.mkdtemp(), "secret")
+    with open(path, "w") as f:
+        f.write(os.urandom(32).hex())
+    os.chmod(path, 0o600)
+    return path
 
 
 class ServiceCluster:

@@ -5,6 +5,7 @@ import os
 import pytest
 
 from hotspare.testing.netns import Hosts, unavailable
+from hotspare.testing.servicejob import ServiceCluster
 
 
 @pytest.fixture(scope="module")
@@ -25,3 +26,13 @@ def secret_file(tmp_path_factory):
     path.write_text(os.urandom(32).hex())
     path.chmod(0o600)
     return str(path)
+
+
+@pytest.fixture
+def cluster(net, secret_file, tmp_path):
+    """A coordinator service over the three hosts (hotspare.testing.servicejob), closed after the test."""
+    c = ServiceCluster(net, secret_file, str(tmp_path / "state"))
+    try:
+        yield c
+    finally:
+        c.close()

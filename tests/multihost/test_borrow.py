@@ -12,7 +12,6 @@ import pytest
 
 from hotspare.testing import run_job
 from hotspare.testing.local import EXAMPLE
-from hotspare.testing.servicejob import ServiceCluster
 
 pytestmark = pytest.mark.slow
 HIGH_STEPS, LOW_STEPS = 400, 1200
@@ -25,15 +24,6 @@ def references():
     two, one = run_job(HIGH, nproc=2, spares=0), run_job(LOW, nproc=1, spares=0)
     assert two.code == 0 and one.code == 0, two.output + one.output
     return two.digest, one.digest
-
-
-@pytest.fixture
-def cluster(net, secret_file, tmp_path):
-    c = ServiceCluster(net, secret_file, str(tmp_path / "state"))
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_a_production_job_borrows_the_best_effort_jobs_host_which_pauses_and_resumes_bitwise(

@@ -12,7 +12,6 @@ import pytest
 
 from hotspare.testing import run_job
 from hotspare.testing.local import EXAMPLE
-from hotspare.testing.servicejob import ServiceCluster
 
 pytestmark = pytest.mark.slow
 STEPS = 400
@@ -31,15 +30,6 @@ def reference2():
     result = run_job(ARGS, nproc=2, spares=1)
     assert result.code == 0, result.output
     return result.digest
-
-
-@pytest.fixture
-def cluster(net, secret_file, tmp_path):
-    c = ServiceCluster(net, secret_file, str(tmp_path / "state"))
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def assert_equal(row, report, reference, failures, log):

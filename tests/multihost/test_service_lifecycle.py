@@ -6,19 +6,9 @@ Slow (CI runs -m slow)."""
 import pytest
 
 from hotspare.testing.local import EXAMPLE
-from hotspare.testing.servicejob import ServiceCluster
 
 pytestmark = pytest.mark.slow
 SHORT = ["--model", "tiny", "--steps", "3"]
-
-
-@pytest.fixture
-def cluster(net, secret_file, tmp_path):
-    c = ServiceCluster(net, secret_file, str(tmp_path / "state"))
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_one_host_serves_job_after_job_and_a_cancelled_job_never_reaches_it(cluster):
