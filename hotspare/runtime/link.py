@@ -40,6 +40,7 @@ class AgentLink:
         self._where = where
         self._notes: list[Event] = []             # notes before on_note is set (kept, in order)
         self._on_note: Callable[[Event], None] = self._notes.append
+        self._note_lock = threading.Lock()         # a note is kept or handed on, never lost between
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._orders: "queue.Queue[dict[str, Any]]" = queue.Queue()
         self._channel: Channel | None = None
@@ -53,9 +54,11 @@ class AgentLink:
     def on_note(self, fn: Callable[[Event], None]) -> None:
         """Call ``fn(event)`` from the reader thread for every abort and pause (first with the
         ones that came before)."""
-        self._on_note = fn
-        for event in self._notes:
-            fn(event)
+        with self._note_lock:
+            self._on_note = fn
+            for event in self._notes:
+                fn(event)
+            self._notes = []
 
     def connect(self) -> None:
         """Say hello (proven with the worker's token) and start reading."""
@@ -96,14 +99,18 @@ class AgentLink:
         # The agent is gone: nothing can coordinate this worker any more.
         self._orders.put({"type": "release", "reason": "control channel closed"})
 
+    def _note(self, event: Event) -> None:
+        with self._note_lock:
+            self._on_note(event)
+
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg["type"]
         if kind in ORDERS:
             self._orders.put(msg)
         elif kind == "abort":
-            self._on_note(Aborted(int(msg["gen"])))
+            self._note(Aborted(int(msg["gen"])))
         elif kind == "pause":
-            self._on_note(PauseAsked(int(msg["gen"])))
+            self._note(PauseAsked(int(msg["gen"])))
         elif kind == "probe":
             where = self._where()
             if where is not None and where[0] == msg["gen"]:

@@ -34,9 +34,11 @@ class Launcher:
 
     def __init__(self) -> None:
         from hotspare.agent.zygote import TORCH_PRELOAD, Zygote
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
         read, write = os.pipe()
-        self._zygote = Zygote({**os.environ, "PYTHONUNBUFFERED": "1"}, preload=TORCH_PRELOAD, output=write)
+        # the workers' common environment (hotspare run gives each its own on top); this process's
+        # own environment is left as it is
+        env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
+        self._zygote = Zygote(env, preload=TORCH_PRELOAD, output=write)
         os.close(write)
         self._output = io.StringIO()
         self._lock = threading.Lock()
