@@ -334,9 +334,8 @@ class Coordinator:
             return
         if self.preemption.active and self.preemption.progress(now):
             return
-        for verdict in self.health.operator_requests(now) if self.health is not None else ():
-            self.log(f"OPERATOR {verdict.device}: {verdict.reason}")
-            self._act_on(verdict, now, "registry")
+        if self.health is not None:
+            self.health.poll_operator(now, lambda v, first: self._act_on(v, now, "registry", record=first))
         self.executor.place_waiting()
         activity = tuple(
             hang.RankActivity(r, self.nodes.workers[w].last_step, self.progress.reducing.get(r),
@@ -469,15 +468,18 @@ class Coordinator:
             if verdict is not None:
                 self._act_on(verdict, t, reading.source, step)
 
-    def _act_on(self, verdict, t: float, source: str, step: int | None = None) -> None:
-        """A verdict becomes a signal for the pure policy, like any failure."""
+    def _act_on(self, verdict, t: float, source: str, step: int | None = None,
+                record: bool = True) -> policy.Decision | None:
+        """A verdict becomes a signal for the pure policy, like any failure (``record``: in the
+        report's health events; a drain asked for again is recorded once)."""
         if self.view.phase.over:
-            return
+            return None
         worker = self.view.members.get(verdict.rank, "") if verdict.rank is not None else ""
-        self.ledger.health_events.append({
-            "time": round(t - self.ledger.started, 3), "device": verdict.device, "rank": verdict.rank,
-            "action": verdict.action, "rule": verdict.rule, "reason": verdict.reason,
-            "trust_memory": verdict.trust_memory, "source": source})
+        if record:
+            self.ledger.health_events.append({
+                "time": round(t - self.ledger.started, 3), "device": verdict.device, "rank": verdict.rank,
+                "action": verdict.action, "rule": verdict.rule, "reason": verdict.reason,
+                "trust_memory": verdict.trust_memory, "source": source})
         decision = self._signal(policy.HealthVerdict(verdict.device, verdict.rank, verdict.action,
                                                      verdict.reason, verdict.trust_memory, verdict.rule,
                                                      step, worker), t)
@@ -485,6 +487,7 @@ class Coordinator:
         if not decision.actions and said not in self._health_said:   # e.g. no spare to move to
             self._health_said.add(said)
             self.log(f"HEALTH  {decision.reason}")
+        return decision
 
 
 def _nothing(event: ev.Event) -> None:

@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from hotspare.coordinator.events import DeviceChecked
 from hotspare.health import types as T
@@ -32,6 +32,7 @@ from hotspare.health.lifecycle import State
 from hotspare.health.registry import Registry, RegistryError
 from hotspare.health.rules import FleetState, RuleSet, apply_fleet_policies, evaluate, worst
 from hotspare.health.types import Reading, Verdict
+from hotspare.policy.actions import Pause
 from hotspare.protocol.messages import Message, make
 
 EVENT_METRICS = (T.FINGERPRINT_MISMATCH, T.NONFINITE)   # one-off runtime events
@@ -78,6 +79,9 @@ class HealthMonitor:
         self._stopping = False    # the job is stopping: start no diagnostics (running ones answer)
         self._revision = 0         # the registry's revision last seen (operator commands)
         self._operator_polled = 0.0
+        self._drains: dict[str, str] = {}          # device the operator drained -> the reason
+        self._draining_off: dict[str, int] = {}    # drained device -> the rank whose move off it was ordered
+        self._drain_said: set[tuple[str, int]] = set()
         self._said: dict[str, str] = {}
         for d in self.devices:
             self.registry.ensure(d)
@@ -292,7 +296,11 @@ class HealthMonitor:
     def operator_requests(self, now: float | None = None) -> list[Verdict]:
         """Operator commands given while the job runs (``hotspare drain DEVICE``): a drained
         device whose rank still runs there gets that rank live-migrated off it. (A cordon alone
-        only stops new work, as in Kubernetes.) With ``now``: at most once every
+        only stops new work, as in Kubernetes.) A drain is asked for again at every poll until
+        its migration was ordered (``poll_operator``), its device holds no rank any more, or
+        the operator took it back: one that arrives while the job cannot move a rank (forming,
+        recovering, another migration on its way) is carried out once it can, and one whose
+        migration is on its way is never asked for twice. With ``now``: at most once every
         ``OPERATOR_POLL_S``, and a registry that cannot be read this time is said and skipped."""
         if now is not None:
             if now - self._operator_polled < OPERATOR_POLL_S:
@@ -304,14 +312,38 @@ class HealthMonitor:
                 self.log(f"HEALTH  operator commands not read this time: {e}")
                 return []
         self._revision, changed = self.registry.changed_since(self._revision)
-        out = []
         for rec in changed:
-            rank = self.rank_on(rec.device)
-            if rec.device in self.devices and rec.state == State.DRAINING and rec.actor == "operator" \
-                    and rank is not None:
-                out.append(Verdict(rec.device, T.MIGRATE, "operator-drain",
-                                   f"drained by the operator: {rec.reason}", True, rank))
+            if rec.device not in self.devices:
+                continue
+            if rec.state == State.DRAINING and rec.actor == "operator":
+                self._drains.setdefault(rec.device, rec.reason)
+            else:
+                self._drains.pop(rec.device, None)
+                self._draining_off.pop(rec.device, None)
+        out = []
+        for device, reason in sorted(self._drains.items()):
+            rank = self.rank_on(device)
+            if rank is None:                    # moved off (or never ran there): done
+                self._drains.pop(device)
+                self._draining_off.pop(device, None)
+            elif self._draining_off.get(device) != rank:
+                out.append(Verdict(device, T.MIGRATE, "operator-drain", f"drained by the operator: {reason}",
+                                   True, rank))
         return out
+
+    def poll_operator(self, now: float, act: Callable[[Verdict, bool], Any]) -> None:
+        """``operator_requests`` carried out: ``act(verdict, first)`` signals the policy (``first``:
+        asked for the first time, said in the log) and returns its decision; once that orders
+        the migration, the drain is not asked for again while its rank is on the device (a
+        failed migration's rank is recovered elsewhere anyway)."""
+        for v in self.operator_requests(now):
+            first = (v.device, v.rank) not in self._drain_said
+            if first:
+                self._drain_said.add((v.device, v.rank))
+                self.log(f"OPERATOR {v.device}: {v.reason}")
+            decision = act(v, first)
+            if decision is not None and any(isinstance(a, Pause) for a in decision.actions):
+                self._draining_off[v.device] = v.rank
 
     # ------------------------------------------------------------------ lifecycle
     def cordon(self, device: str, reason: str, rule: str, now: float, retire: bool = False) -> None:

@@ -180,4 +180,36 @@ def test_operator_drain_of_a_busy_device_asks_for_a_migration(tmp_path):
     Registry(tmp_path / "h.json").drain(DEVICES[0], "fan replacement")   # another process: the CLI
     (v,) = m.operator_requests()
     assert (v.device, v.rank, v.action, v.rule) == (DEVICES[0], 0, "migrate", "operator-drain")
-    assert m.operator_requests() == [], "each command is acted on once"
+
+
+def test_a_drain_is_asked_for_until_its_migration_is_ordered_then_never_again(tmp_path):
+    """A drain that comes while the job cannot move a rank (forming, recovering, another
+    migration on its way) is not lost: it is asked for at every poll until the policy orders the
+    migration; then never again while that rank is there (the fault: a drain read twice
+    migrated a rank that had already moved). Said in the log and the report once."""
+    from hotspare.policy.actions import Pause
+    said = []
+    m = HealthMonitor(load_rules(), Registry(tmp_path / "h.json"), DEVICES, log=said.append)
+    for rank in range(4):
+        m.assign(rank, DEVICES[rank], f"w{rank}")
+    Registry(tmp_path / "h.json").drain(DEVICES[0], "fan replacement")
+    asked, t = [], 100.0
+
+    def deferred(v, first):
+        asked.append((v.device, v.rank, first))
+        return None
+
+    m.poll_operator(t, deferred)
+    m.poll_operator(t + 0.5, deferred)              # polled at most once a second
+    m.poll_operator(t + 1.5, deferred)
+    assert asked == [(DEVICES[0], 0, True), (DEVICES[0], 0, False)]
+
+    class Ordered:
+        actions = (Pause(1, 0, "w9", DEVICES[0], "drained", "operator-drain"),)
+
+    m.poll_operator(t + 3, lambda v, first: asked.append(v.rank) or Ordered())
+    m.poll_operator(t + 5, lambda v, first: asked.append("again"))
+    assert asked[-1] == 0, "asked again after the migration was ordered"
+    assert said.count(f"OPERATOR {DEVICES[0]}: drained by the operator: fan replacement") == 1, said
+    m.assign(0, DEVICES[3], "w9")                    # the rank now runs elsewhere: the drain is done
+    assert m.operator_requests() == [] and m._drains == {}
