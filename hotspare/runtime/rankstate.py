@@ -278,7 +278,7 @@ class RowTable:
     that applied step k) knows that every rank's row of step k is in the store, without a
     collective of its own: one point-to-point write per rank and step (``bench/rows_exchange.py``:
     a tenth of the all-gather this replaced). A step with two backward passes (a GAN's) writes at
-    the first; the row is then the state as its first exchange began. A step with no exchange at
+    each; the row is then the state as its last exchange began. A step with no exchange at
     all gathers its rows at its end (``close``, a collective every rank issues). Which of these
     runs depends only on the program's path through the step, the same on every rank: never on
     what one rank alone did (a rank-0-only evaluation after the backward). Without a store
