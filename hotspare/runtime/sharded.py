@@ -42,10 +42,13 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from hotspare.errors import ConfigError, PeerFailure, StateMismatch
+from hotspare.runtime.phase import PauseAgreed
+from hotspare.sharded import replay as rp
+from hotspare.sharded.fsdpreset import reset_fsdp
 from hotspare.sharded.mesh import ShardedMesh
+from hotspare.sharded.pause import PauseVote
 from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride, plan_restore
 from hotspare.transfer import buddy as wire
 from hotspare.transfer.buddy import BuddyStore, Packet
@@ -107,6 +110,8 @@ class ShardedRuntime:
             if m.world_size > 1:
                 self.buddy = buddy_of(m.rank, m.world_size, self.stride)
                 self.pred = buddy_of(m.rank, m.world_size, m.world_size - self.stride)
+            self.pause = PauseVote(lambda: job.driver.state.pause_gen == job.members.generation,
+                                   lambda step: job.driver.handle(PauseAgreed(step)))
             m.before_sync.append(self.before_sync)
             m.after_sync.append(self.after_sync)
             register_optimizer_step_pre_hook(self._gate)
@@ -165,8 +170,18 @@ class ShardedRuntime:
         step = self.job.protocol.current
         if self.mesh is None or step is None or self._replaying or self.job.members.world_size < 2:
             return
+        self._start_vote(step)
         if self._sending is None or self._sending[0] != step:
             self._start_snapshot(step)
+
+    def _start_vote(self, step: int) -> None:
+        m = self.job.members
+        try:
+            m.check()
+            self.pause.start(step, m.group, m.world_size, m.rank)
+        except Exception as e:
+            self.job.collectives.note(e)
+            raise
 
     def _start_snapshot(self, step: int) -> None:
         shards = self._shards()             # references, taken on the training thread
@@ -190,42 +205,33 @@ class ShardedRuntime:
         try:
             m.check()
             if m.world_size > 1:
+                self._start_vote(step)          # a step whose forward did not start it
                 if self._sending is None or self._sending[0] != step:
                     self._start_snapshot(step)
                 _, send, recv = self._sending
                 self._sending = None
                 send.outcome()
                 state: Packet = recv.outcome()
-                log = wire.pack("log", step, self._grads(opt), {"groups": _hyper(opt), "none": self._none(opt)})
+                log = wire.pack("log", step, rp.grads(opt), {"groups": rp.hyper(opt), "none": rp.none_grads(opt)})
                 group = self.mesh.buddy_group()
                 out = _Transfer(wire.send, log, self.buddy, group)
                 pred_log = wire.recv(self.pred, group)
                 out.outcome()
                 self.store.confirm(self.pred, state, pred_log)
+                self.pause.judge(step)          # a live migration leaves once this step is committed
             p.rows.begin(m.group, m.world_size, step)
             p.rows.finish()
         except Exception as e:
             p.collectives.note(e)
             raise PeerFailure(f"sharded step gate: {type(e).__name__}: {e}"[:300]) from e
 
-    @staticmethod
-    def _grads(opt) -> list[tuple[tuple, torch.Tensor]]:
-        out = []
-        for i, prm in enumerate(q for g in opt.param_groups for q in g["params"]):
-            if prm.grad is not None:
-                g = prm.grad
-                out.append((("grad", i), g.to_local() if isinstance(g, DTensor) else g))
-        return out
-
-    @staticmethod
-    def _none(opt) -> list[int]:
-        return [i for i, prm in enumerate(q for g in opt.param_groups for q in g["params"]) if prm.grad is None]
-
     # ------------------------------------------------------------------ 3. after a failure
     def after_failure(self) -> None:
         """The generation is torn down: finish the buddy transfers in flight (a snapshot that
         arrived whole is kept as ``fresh``), and put FSDP's per-iteration state back."""
         sending, self._sending = self._sending, None
+        if self.mesh is not None:
+            self.pause.drop()
         if sending is not None:
             _, send, recv = sending
             for t in (send, recv):
@@ -244,7 +250,7 @@ class ShardedRuntime:
         for name in self.job.registry.sharded:
             obj = self.job.registry.objects()[name]
             if isinstance(obj, FSDPModule):
-                _reset_fsdp(obj)
+                reset_fsdp(obj)
 
     def before_sync(self, msg: dict[str, Any]) -> None:
         """The replicated sync writes the source's tensors into a receiver's, shards included (it
@@ -290,6 +296,8 @@ class ShardedRuntime:
         receivers = set(msg.get("receivers") or [])
         if m.rank in receivers:
             own = self._unstash()
+        elif msg.get("handoff") and not self._own_valid:
+            own = self._handed_over(target)
         else:
             own = target if self._own_valid else NONE
         owner = self.store.owner if self.store.owner is not None else NONE
@@ -324,6 +332,17 @@ class ShardedRuntime:
                 print(f"hotspare: rank {m.rank}: shard of step {target} restored from rank {src.holder}: {what} "
                       f"({nbytes} bytes, sha256 checked)", file=sys.stderr, flush=True)
         self._exchange_snapshots(target)
+
+    def _handed_over(self, target: int) -> int:
+        """This worker took its rank in a live migration: the migrating rank sent it its own
+        state of ``target`` directly (runtime/membership.py ``handoff``), shards included."""
+        self._own_valid = True
+        nbytes = sum(t.numel() * t.element_size() for _, t in self._shards())
+        self.restores.append({"step": target, "source": "own memory", "from_rank": self.job.members.rank,
+                              "snapshot_step": target, "bytes": nbytes})
+        print(f"hotspare: rank {self.job.members.rank}: shard of step {target} handed over from the migrating "
+              f"rank's own memory ({nbytes} bytes of shards, live migration)", file=sys.stderr, flush=True)
+        return target
 
     def _exchange_snapshots(self, step: int) -> None:
         """Every rank's shard of ``step`` to its buddy, now (a generation begins: the buddies of
@@ -367,29 +386,11 @@ class ShardedRuntime:
             self._replay(log)
 
     def _replay(self, log: Packet) -> None:
-        """Step ``log.step``'s optimizer update, again, from its final gradients and hyperparameters:
-        the same optimizer on the same shard with the same inputs gives the same bits."""
-        opt = self._optimizer
-        params = [q for g in opt.param_groups for q in g["params"]]
-        grads = {path[1]: t for path, t in log.tensors()}
-        before = [q.grad for q in params]
-        saved = _hyper(opt)
-        try:
-            _set_hyper(opt, log.extra["groups"])
-            for i, q in enumerate(params):
-                if i in grads:
-                    g = torch.zeros_like(q)
-                    (g.to_local() if isinstance(g, DTensor) else g).copy_(grads[i])
-                    q.grad = g
-                else:
-                    q.grad = None
-            self._replaying = True
-            opt.step()
-        finally:
-            self._replaying = False
-            _set_hyper(opt, saved)
-            for q, g in zip(params, before):
-                q.grad = g
+        """Step ``log.step``'s optimizer update, again (sharded/replay.py)."""
+        rp.replay(self._optimizer, [log], self._set_replaying)
+
+    def _set_replaying(self, on: bool) -> None:
+        self._replaying = on
 
     # ------------------------------------------------------------------ the job's digest
     def compute_digest(self) -> str:
@@ -415,53 +416,6 @@ class ShardedRuntime:
 
     def snapshot_bytes(self) -> int:
         return self.store.nbytes()
-
-
-def _jsonable(v: Any) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str)) or (
-        isinstance(v, (list, tuple)) and all(_jsonable(x) for x in v))
-
-
-def _hyper(opt) -> list[dict[str, Any]]:
-    return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params" and _jsonable(v)}
-            for g in opt.param_groups]
-
-
-def _set_hyper(opt, groups: list[dict[str, Any]]) -> None:
-    if len(groups) != len(opt.param_groups):
-        raise StateMismatch("a gradient log's parameter groups differ from the optimizer's")
-    for g, vals in zip(opt.param_groups, groups):
-        for k, v in vals.items():
-            g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
-
-
-def _reset_fsdp(module) -> None:
-    """FSDP2's own recovery after a failed forward/backward (torch 2.13 ``reset_iter_state``).
-    It waits for the all-gather in flight, whose group is aborted by now: its error is
-    expected; the wait is then dropped and the reset run again."""
-    for _ in range(8):
-        try:
-            module.reset_iter_state()
-            break
-        except Exception:       # noqa: BLE001 - the aborted generation's collective
-            state = module._get_fsdp_state()
-            ctx = state._comm_ctx
-            ctx.all_gather_state = None
-            for s in state._state_ctx.all_states:
-                for pg in s._fsdp_param_groups:
-                    pg._all_gather_result = None
-    else:
-        module.reset_iter_state()
-    # reset_iter_state leaves the gradients autograd wrote into unsharded parameters before the
-    # backward failed (a param group whose post-backward never ran): the re-run's backward would
-    # add to them. Found by HSDP's failover test (a survivor's backward stopped in the
-    # replicate all-reduce): drop them.
-    for s in module._get_fsdp_state()._state_ctx.all_states:
-        for pg in s._fsdp_param_groups:
-            for fp in pg.fsdp_params:
-                if hasattr(fp, "_unsharded_param"):
-                    fp._unsharded_param.grad = None
-                fp.unsharded_accumulated_grad = None
 
 
 __all__ = ["ShardedRuntime"]
