@@ -270,6 +270,9 @@ class ShardedRuntime:
         out.outcome()
         self._out.give(log.data)
         self.store.add_log(self.pred, pred_log)
+        if not self._said_memory and self.job.rank == 0 and opt.state:     # the optimizer's state exists
+            self._said_memory = True
+            self._say_memory(sum(t.numel() * t.element_size() for _, t in self._shards()))
 
     # ------------------------------------------------------------------ 3. after a failure
     def after_failure(self) -> None:
@@ -401,17 +404,14 @@ class ShardedRuntime:
         out.outcome()
         self._out.give(mine.data)
         self.store.keep_state(self.pred, got)
-        if not self._said_memory and self.job.rank == 0:
-            self._said_memory = True
-            self._say_memory(mine.nbytes)
 
     def _say_memory(self, shard: int) -> None:
         opt = self._optimizer
         grads = sum(q.to_local().numel() * q.element_size() if hasattr(q, "to_local") else q.numel() * q.element_size()
                     for q in rp.params_of(opt)) if opt is not None else 0
-        # kept for the predecessor: its snapshot, one arriving, up to `every` logs; packed by this
-        # rank: its own snapshot and log (buffers reused)
-        total = 3 * shard + (self.every + 1) * grads
+        # kept for the predecessor: its snapshot, one arriving, `every` logs and one arriving;
+        # packed by this rank: its own snapshot and log (buffers reused)
+        total = 3 * shard + (self.every + 2) * grads
         print(f"hotspare: sharded job: rank 0's shard (parameters and optimizer state) is {shard / 2**20:.2f} MB, "
               f"its gradient log {grads / 2**20:.2f} MB; a buddy snapshot every {self.every} steps "
               f"({ENV_EVERY}), a log every step: about {total / 2**20:.2f} MB of host RAM per rank",
