@@ -290,7 +290,7 @@ def one_round(model: str, steps: int, warmup: int, order: list[str], port: int, 
         out[f"{n}_snap_ram_mb"] = j.snap_ram_mb
     for n, base in (("hotspare", "torchrun"), (OBSERVED, "torchrun"), (OBSERVED, "hotspare"),
                     (NOSNAP, "torchrun"), ("hotspare", NOSNAP)):
-        if n in jobs:
+        if n in jobs and base in jobs:
             key = "" if (n, base) == ("hotspare", "torchrun") else f"{n}/{base}:"
             out[f"{key}ratio"] = out[n]["all"] / out[base]["all"]
             out[f"{key}workers_ratio"] = out[n]["worker"] / out[base]["worker"]
