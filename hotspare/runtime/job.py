@@ -222,6 +222,11 @@ class Job:
         self._ddps.append(ddp)
         return ddp
 
+    def virtual_ranks(self, module: torch.nn.Module, make_loader, *, seed: int = 0, **ddp_kwargs: Any):
+        """An elastic job's DDP over virtual ranks (runtime/virtual.py, docs/CONTRACT.md)."""
+        from hotspare.runtime.virtual import virtual_ranks
+        return virtual_ranks(self, module, make_loader, seed, ddp_kwargs)
+
     def device_mesh(self, shape: tuple[int, ...], mesh_dim_names: tuple[str, ...]):
         """A ``DeviceMesh`` for torch's ``fully_shard`` that survives failovers (docs/SHARDED.md)."""
         from hotspare.runtime.sharded import ShardedRuntime

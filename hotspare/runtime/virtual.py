@@ -6,15 +6,24 @@ one or more of them in turn inside a step (``shares()``): for each, it swaps in 
 rank's per-rank state — torch's generator, the DDP module's buffers, its own data stream (a
 ``ResumableLoader`` over the loader built for that virtual rank: its sampler shard, in order) —
 runs the script's forward and backward on that virtual rank's micro-batch, and keeps the raw
-gradient. At the last share of the step the gradients of every virtual rank are all-gathered
-and summed in virtual-rank order, each divided by N first (DDP's own scaling): the same bytes
-added in the same order whatever the placement, so a job shrunk to fewer processes, or grown
-back, computes exactly the bits of the fault-free elastic run (tests/runtime/test_virtual.py).
+gradient. At the last share of the step every virtual rank's gradient of each DDP bucket is
+exchanged exactly — one all-reduce of an [N, bucket] table in which each process fills the rows
+of its own virtual ranks and leaves the others at -0.0, IEEE's exact additive identity, so the
+sum gives every row's bits whatever the backend's order — and the rows are divided by N (DDP's
+own scaling) and added in virtual-rank order: the same bytes added in the same order whatever
+the placement, so a job shrunk to fewer processes, or grown back, computes exactly the bits of
+the fault-free elastic run (tests/runtime/test_virtual.py).
+
+``VirtualRanks`` is itself the DDP module's gradient-exchange seam (runtime/ddp.py
+``GradientExchange``), layered over the step protocol's under ``hotspare run`` (so the per-rank
+rows, the health vote and a peer's failure work as for any step) and over plain
+torch.distributed outside it; it is also a part of the rank's per-rank state
+(runtime/rankstate.py): every virtual rank's state travels in its process's row, so a spare
+that replaces a process restores the virtual ranks it runs.
 
 What differs from plain DDP (and torchrun): the summation order of the reduction (a sequential
 sum in virtual-rank order instead of gloo's or NCCL's ring), and each virtual rank's gradient
-crosses the network whole (an all-gather: N gradients per process instead of an all-reduce's
-two). Supported: one ``job.ddp`` module, one backward per virtual rank per step, one optimizer
+crosses the network whole (an all-reduce of N gradients instead of one). Supported: one ``job.ddp`` module, one backward per virtual rank per step, one optimizer
 step per step. Refused: ``find_unused_parameters``, buffers broadcast by DDP (pass
 ``broadcast_buffers=False``: each virtual rank keeps its own), gradient-as-bucket-view.
 
@@ -29,30 +38,39 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 
+from hotspare.runtime.ddp import wrap_ddp
 from hotspare.runtime.loader import ResumableLoader
 
 _RNG = torch.get_rng_state().numel()
 
 
 class VirtualRanks:
-    """N virtual ranks of ``ddp``, the ones of ``placement`` (virtual -> physical rank) with
-    this process's ``rank`` run here. ``make_loader(vrank, vworld)`` builds the DataLoader of
-    one virtual rank (e.g. with ``DistributedSampler(ds, num_replicas=vworld, rank=vrank)``);
-    virtual rank v's torch generator starts from ``torch.manual_seed(seed + v)``."""
+    """N virtual ranks of one DDP model, the ones of ``placement`` (virtual -> physical rank)
+    with this process's ``rank`` run here. ``make_loader(vrank, vworld)`` builds the DataLoader
+    of one virtual rank (e.g. with ``DistributedSampler(ds, num_replicas=vworld, rank=vrank)``);
+    virtual rank v's torch generator starts from ``torch.manual_seed(seed + v)``. ``model`` is
+    the DDP module (``ddp_kwargs`` go to it); ``inner``: the step protocol under hotspare run."""
 
-    def __init__(self, ddp: torch.nn.Module, *, vworld: int, placement: Mapping[int, int], rank: int,
-                 make_loader: Callable[[int, int], Any], seed: int = 0, group: Any = None):
-        _check_ddp(ddp)
+    name = "virtual"
+
+    def __init__(self, module: torch.nn.Module, *, vworld: int, placement: Mapping[int, int], rank: int,
+                 make_loader: Callable[[int, int], Any], seed: int = 0, group: Any = None, inner: Any = None,
+                 **ddp_kwargs: Any):
+        _check_kwargs(module, ddp_kwargs)
         if sorted(placement) != list(range(vworld)):
             raise ValueError(f"placement must give a process to each of the {vworld} virtual ranks, got {placement}")
-        self.ddp, self.vworld, self.rank, self.group, self.seed = ddp, vworld, rank, group, seed
+        self.vworld, self.rank, self.group, self.seed, self.inner = vworld, rank, group, seed, inner
         self.make_loader = make_loader
-        self.buffers = [b for b in ddp.module.buffers()]
+        self.model = wrap_ddp(module, self, **ddp_kwargs)
+        self.buffers = [b for b in module.buffers()]
         self.loaders: dict[int, ResumableLoader] = {}
         self.slots: dict[int, torch.Tensor] = {}        # virtual rank -> its per-rank state while not current
         self.current: int | None = None
         self._last = False
+        self._live: torch.Tensor | None = None          # the current share's state, during the exchange
+        self._outside: torch.Tensor | None = None       # the process's own generator state, during shares
         self._stash: dict[int, list[torch.Tensor]] = {}   # bucket index -> this step's raw gradients, in share order
+        self._tables: list[tuple[torch.Tensor, torch.Tensor]] = []   # (bucket, [N, n] table) being exchanged
         self.placement: dict[int, int] = {}
         self._set_placement(placement)
         outside = torch.get_rng_state()
@@ -61,7 +79,8 @@ class VirtualRanks:
             self._loader(v)
             self.slots[v] = self.export_current(v)
         torch.set_rng_state(outside)
-        ddp.register_comm_hook(self, _virtual_hook)
+        self.slot_bytes = self.slots[self.held[0]].numel() if self.held else self._slot_size()
+        self.nbytes = _RNG + vworld * self.slot_bytes
 
     # ------------------------------------------------------------------ placement
     def _set_placement(self, placement: Mapping[int, int]) -> None:
@@ -100,6 +119,9 @@ class VirtualRanks:
                                               resume_point=lambda _capture: None)
         return self.loaders[v]
 
+    def _slot_size(self) -> int:
+        return _RNG + sum(b.numel() * b.element_size() for b in self.buffers) + 16 + _RNG
+
     def export_current(self, v: int) -> torch.Tensor:
         """Virtual rank ``v``'s per-rank state as it is now in this process: one uint8 row of a
         fixed layout (torch's generator, the module's buffers, its loader's position)."""
@@ -124,12 +146,29 @@ class VirtualRanks:
                 b.reshape(-1).view(torch.uint8).copy_(row[at:at + n])
                 at += n
 
+    # ------------------------------------------------------------------ a part of the rank's per-rank state
+    def save(self) -> torch.Tensor:
+        """The process's own generator, then every virtual rank's slot (zeros where another
+        process runs it): the current share's as it is now."""
+        out = torch.zeros(self.nbytes, dtype=torch.uint8)
+        out[:_RNG].copy_(self._outside if self._outside is not None else torch.get_rng_state())
+        for v in self.held:
+            row = self._live if v == self.current and self._live is not None else \
+                self.export_current(v) if v == self.current else self.slots[v]
+            out[_RNG + v * self.slot_bytes:_RNG + (v + 1) * self.slot_bytes].copy_(row)
+        return out
+
+    def load(self, data: torch.Tensor) -> None:
+        for v in self.held:
+            self.import_row(v, data[_RNG + v * self.slot_bytes:_RNG + (v + 1) * self.slot_bytes])
+        torch.set_rng_state(data[:_RNG].clone())
+
     # ------------------------------------------------------------------ a step
     def shares(self) -> Iterator[tuple[int, Any]]:
         """``for vrank, batch in vr.shares(): loss(model(batch)).backward()``: each virtual rank
         this process runs, with its state current and its next micro-batch. After the last one,
         the parameters' gradients are the virtual-rank-ordered mean of all N."""
-        outside = torch.get_rng_state()
+        self._outside = torch.get_rng_state()
         held = list(self.held)
         try:
             for i, v in enumerate(held):
@@ -140,24 +179,66 @@ class VirtualRanks:
                 self.slots[v] = self.export_current(v)
                 self._loader(v).committed()
                 if not self._last:            # the next share's backward must not add to this one's
-                    for p in self.ddp.module.parameters():
+                    for p in self.model.module.parameters():
                         p.grad = None
         finally:
-            self.current = None
-            torch.set_rng_state(outside)
+            self.current, self._live = None, None
+            torch.set_rng_state(self._outside)
+            self._outside = None
         if self._stash:
-            raise RuntimeError(f"virtual ranks: gradient buckets {sorted(self._stash)} were never combined "
+            stash, self._stash = self._stash, {}
+            raise RuntimeError(f"virtual ranks: gradient buckets {sorted(stash)} were never exchanged "
                                "(a share without a backward through the DDP module?)")
 
-    # ------------------------------------------------------------------ the gradient exchange
-    def combine(self, mine: list[torch.Tensor]) -> torch.Tensor:
-        """Every virtual rank's raw gradient of one bucket, gathered; their mean, summed in
-        virtual-rank order."""
-        rows = self._gather(mine)
-        out: torch.Tensor | None = None
-        for p, i in self.where:
-            g = rows[p][i].div(self.vworld)
-            out = g if out is None else out.add_(g)
+    # ------------------------------------------------------------------ the gradient-exchange seam
+    def reduce_bucket(self, index: int, buf: torch.Tensor):
+        self._stash.setdefault(index, []).append(buf.clone())
+        if not self._last:
+            return None                    # kept; exchanged with the last share's
+        mine = self._stash.pop(index)
+        table = torch.full((self.vworld, buf.numel()), -0.0, dtype=buf.dtype)
+        for v, g in zip(self.held, mine):
+            table[v].copy_(g.reshape(-1))
+        self._tables.append((buf, table))
+        if self.inner is None:
+            return dist.all_reduce(table, group=self.group, async_op=True) if self.processes > 1 else None
+        if index == 0:
+            # the rows gathered beside the buckets hold the process's own generator, not the share's
+            self._live = self.export_current(self.current)
+            torch.set_rng_state(self._outside)
+            try:
+                return self.inner.reduce_bucket(index, table.view(-1), scale=False)
+            finally:
+                torch.set_rng_state(self._live[:_RNG].clone())
+        return self.inner.reduce_bucket(index, table.view(-1), scale=False)
+
+    def finish_reduction(self, started: list, buffers: list[torch.Tensor]) -> BaseException | None:
+        if not self._last:
+            return None
+        tables, self._tables = self._tables, []
+        if self.inner is not None:
+            error = self.inner.finish_reduction(started, [t.view(-1) for _, t in tables])
+            if error is not None:
+                return error
+        else:
+            for work in started:
+                if work is not None:
+                    work.wait()
+        for buf, table in tables:
+            buf.view(-1).copy_(self.mean(table))
+        return None
+
+    def broadcast_buffers(self, buffers) -> None:
+        raise AssertionError("refused at construction: an elastic job's buffers are each virtual rank's own")
+
+    def reduce_side(self, tensor: torch.Tensor):
+        raise AssertionError("refused at construction: find_unused_parameters")
+
+    def mean(self, table: torch.Tensor) -> torch.Tensor:
+        """Every virtual rank's gradient divided by N, added in virtual-rank order."""
+        out = table[0].div(self.vworld)
+        for v in range(1, self.vworld):
+            out.add_(table[v].div(self.vworld))
         return out
 
     def _gather(self, mine: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -173,24 +254,25 @@ class VirtualRanks:
         return out
 
 
-def _virtual_hook(state: VirtualRanks, bucket):  # no annotations: DDP checks them against real classes
-    buf = bucket.buffer()
-    state._stash.setdefault(bucket.index(), []).append(buf.clone())
-    if state._last:
-        buf.copy_(state.combine(state._stash.pop(bucket.index())))
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(buf)
-    return fut
-
-
-def _check_ddp(ddp: Any) -> None:
-    if getattr(ddp, "find_unused_parameters", False):
+def _check_kwargs(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+    if kwargs.get("find_unused_parameters"):
         raise ValueError("an elastic job's DDP cannot use find_unused_parameters=True (not supported yet)")
-    if getattr(ddp, "broadcast_buffers", False) and any(True for _ in ddp.module.buffers()):
-        raise ValueError("an elastic job keeps each virtual rank's buffers its own: wrap the model with "
-                         "broadcast_buffers=False")
-    if getattr(ddp, "gradient_as_bucket_view", False):
+    if kwargs.get("broadcast_buffers", True) and any(True for _ in module.buffers()):
+        raise ValueError("an elastic job keeps each virtual rank's buffers its own: pass broadcast_buffers=False")
+    if kwargs.get("gradient_as_bucket_view"):
         raise ValueError("an elastic job's DDP cannot use gradient_as_bucket_view=True (not supported yet)")
+    kwargs["broadcast_buffers"] = False
 
 
-__all__ = ["VirtualRanks"]
+def virtual_ranks(job: Any, module: torch.nn.Module, make_loader: Callable[[int, int], Any], seed: int,
+                  ddp_kwargs: dict[str, Any]) -> VirtualRanks:
+    """``job.virtual_ranks``: one virtual rank per process of the job as it starts."""
+    world, rank = job.world_size, job.rank
+    vr = VirtualRanks(module, vworld=world, placement={v: v for v in range(world)}, rank=rank,
+                      make_loader=make_loader, seed=seed, inner=job.protocol if job.managed else None,
+                      **ddp_kwargs)
+    job.rankstate.add_part(vr)
+    return vr
+
+
+__all__ = ["VirtualRanks", "virtual_ranks"]

@@ -23,16 +23,16 @@ def make_loader(v, n):
 
 def worker(n, rank, world, port, plan, q):
     torch.set_num_threads(1)
-    from hotspare.runtime.ddp import wrap_ddp
     from hotspare.runtime.virtual import VirtualRanks
     store = dist.TCPStore("127.0.0.1", port, world, False, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
                               torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
-    model = wrap_ddp(net, None, broadcast_buffers=False, bucket_cap_mb=0.0003)   # several buckets
+    vr = VirtualRanks(net, vworld=VWORLD, placement=plan[0], rank=rank, make_loader=make_loader, seed=100,
+                      broadcast_buffers=False, bucket_cap_mb=0.0003)     # several buckets
+    model = vr.model
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    vr = VirtualRanks(model, vworld=VWORLD, placement=plan[0], rank=rank, make_loader=make_loader, seed=100)
     seen = []
     for step in range(STEPS):
         if step in plan:
@@ -124,13 +124,12 @@ def world_of_one():
 
 
 def test_the_gradient_is_every_virtual_ranks_own_summed_in_virtual_rank_order(world_of_one):
-    from hotspare.runtime.ddp import wrap_ddp
     from hotspare.runtime.virtual import VirtualRanks
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
     ref = [p.detach().clone() for p in net.parameters()]
-    model = wrap_ddp(net, None)
-    vr = VirtualRanks(model, vworld=VWORLD, placement=each(VWORLD, 1), rank=0, make_loader=make_loader, seed=100)
+    vr = VirtualRanks(net, vworld=VWORLD, placement=each(VWORLD, 1), rank=0, make_loader=make_loader, seed=100)
+    model = vr.model
     for v, (_, x, y) in vr.shares():
         torch.nn.functional.mse_loss(model(x), y).backward()
     # the oracle: each virtual rank alone, its generator seeded seed + v, its shard's first batch
@@ -149,11 +148,10 @@ def test_the_gradient_is_every_virtual_ranks_own_summed_in_virtual_rank_order(wo
 
 
 def test_what_an_elastic_ddp_cannot_do_is_refused(world_of_one):
-    from hotspare.runtime.ddp import wrap_ddp
     from hotspare.runtime.virtual import VirtualRanks
     bn = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
     with pytest.raises(ValueError, match="broadcast_buffers=False"):
-        VirtualRanks(wrap_ddp(bn, None), vworld=2, placement={0: 0, 1: 0}, rank=0, make_loader=make_loader)
+        VirtualRanks(bn, vworld=2, placement={0: 0, 1: 0}, rank=0, make_loader=make_loader)
     with pytest.raises(ValueError, match="find_unused_parameters"):
-        VirtualRanks(wrap_ddp(torch.nn.Linear(8, 1), None, find_unused_parameters=True), vworld=2,
-                     placement={0: 0, 1: 0}, rank=0, make_loader=make_loader)
+        VirtualRanks(torch.nn.Linear(8, 1), vworld=2, placement={0: 0, 1: 0}, rank=0, make_loader=make_loader,
+                     find_unused_parameters=True)
