@@ -131,7 +131,7 @@ class WorkerMessages:
             self.ledger.changed_after_exchange(rank, step, parts[:64])
         check, fp, check_cpu = (msg.get(k) if isinstance(msg.get(k), (int, float)) else None
                                 for k in ("check", "fp", "check_cpu"))
-        if self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t,
+        if self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], len(self.view.members), t,
                               check, fp, check_cpu):
             self._log_recovered(msg["gen"], t)
         every = self.log_every or max(1, (self.ledger.total_steps or 20) // 20)

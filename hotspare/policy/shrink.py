@@ -5,9 +5,10 @@ ranks (runtime/virtual.py). Each worker runs one or more of them in turn, in a s
 gradients are summed in virtual-rank order, so where a virtual rank runs never changes a bit of
 the result. Shrinking and regrowing are then only moves of virtual ranks between workers:
 
-* **shrink** — a worker is lost, no spare is ready and none can be started: its virtual ranks go
-  to the survivors (each to the one that runs the fewest, the lowest physical rank first), as
-  long as at least MIN workers remain;
+* **shrink** — a worker is lost and no spare is ready: its virtual ranks go to the survivors
+  (each to the one that runs the fewest, the lowest physical rank first), as long as at least
+  MIN workers remain. A replacement that is still starting is not waited for: the job shrinks
+  now and grows back when it is ready;
 * **regrow** — a spare is ready while some worker runs more than one virtual rank: the busiest
   worker's last virtual rank moves to the spare at a step boundary (with its per-rank state).
 
@@ -57,14 +58,14 @@ def held_by(holders: Holders, worker: str) -> list[int]:
 
 
 def decide_shrink(holders: Holders, lost: Sequence[str], elastic_min: int | None,
-                  spares_ready: int, spares_starting: int) -> Shrink | None:
-    """Where the lost workers' virtual ranks go, or None: not elastic, a replacement is ready or
-    on its way (a spare keeps the job at full size), or fewer than ``elastic_min`` would remain."""
+                  spares_ready: int) -> Shrink | None:
+    """Where the lost workers' virtual ranks go, or None: not elastic, a spare is ready (it keeps
+    the job at full size), or fewer than ``elastic_min`` would remain."""
     lost_set = set(lost)
     if elastic_min is None or not lost_set:
         return None
     survivors = [w for w in workers(holders) if w not in lost_set]
-    if spares_ready + spares_starting > 0 or len(survivors) < max(1, elastic_min):
+    if spares_ready > 0 or len(survivors) < max(1, elastic_min):
         return None
     load = {w: len(held_by(holders, w)) for w in survivors}
     rank = {w: i for i, w in enumerate(survivors)}
@@ -78,6 +79,17 @@ def decide_shrink(holders: Holders, lost: Sequence[str], elastic_min: int | None
               f"(--elastic {elastic_min}); virtual rank(s) " +
               ", ".join(f"{v} -> {w}" for v, w in moved.items()) + ", same global batch")
     return Shrink(dict(sorted(new.items())), moved, reason)
+
+
+def layout(holders: Holders) -> tuple[dict[int, str], tuple[int, ...]]:
+    """(rank -> worker, virtual rank -> rank) of a placement: a generation's members."""
+    ranks = physical_ranks(holders)
+    return ({r: w for w, r in ranks.items()}, tuple(ranks[w] for _, w in sorted(holders.items())))
+
+
+def holders_of(members: Mapping[int, str], placement: Sequence[int]) -> dict[int, str]:
+    """Virtual rank -> worker, from a generation's members and placement."""
+    return {v: members[p] for v, p in enumerate(placement)}
 
 
 def decide_regrow(holders: Holders, spares: Sequence[str]) -> Regrow | None:
@@ -96,5 +108,5 @@ def decide_regrow(holders: Holders, spares: Sequence[str]) -> Regrow | None:
                   f"(which runs {load[busiest]}) at the next step boundary")
 
 
-__all__ = ["Holders", "Regrow", "Shrink", "decide_regrow", "decide_shrink", "held_by", "physical_ranks",
-           "workers"]
+__all__ = ["Holders", "Regrow", "Shrink", "decide_regrow", "decide_shrink", "held_by", "holders_of", "layout",
+           "physical_ranks", "workers"]

@@ -111,6 +111,28 @@ class VirtualRanks:
             del self.slots[v]
             self.loaders.pop(v, None)
 
+    def adopt(self, rank: int, placement: list[int], before: list[int] | None, prev_rank: int | None,
+              table: torch.Tensor | None, offset: int) -> None:
+        """Under hotspare run, after a generation's state sync: run ``placement`` as ``rank``.
+        A virtual rank this process did not run in the generation ``before`` takes its state from
+        ``table``, the per-rank rows of the committed step (row = its old process; this part at
+        ``offset`` of each row)."""
+        new = dict(enumerate(placement))
+        if before is not None:
+            if table is None:
+                raise RuntimeError("an elastic job's placement changed but no per-rank rows of the committed "
+                                   "step are held here")
+            rows = table.view(len(set(before)), -1)
+            for v in [v for v, p in new.items() if p == rank]:
+                if prev_rank is None or before[v] != prev_rank:
+                    at = offset + _RNG + v * self.slot_bytes
+                    self.import_row(v, rows[before[v]][at:at + self.slot_bytes])
+        self.rank = rank
+        self._set_placement(new)
+        for v in [v for v in self.slots if v not in self.held]:
+            del self.slots[v]
+            self.loaders.pop(v, None)
+
     # ------------------------------------------------------------------ per-virtual-rank state
     def _loader(self, v: int) -> ResumableLoader:
         if v not in self.loaders:
@@ -169,6 +191,7 @@ class VirtualRanks:
         this process runs, with its state current and its next micro-batch. After the last one,
         the parameters' gradients are the virtual-rank-ordered mean of all N."""
         self._outside = torch.get_rng_state()
+        self._stash, self._tables, self._live = {}, [], None     # nothing left of a failed attempt
         held = list(self.held)
         try:
             for i, v in enumerate(held):
@@ -266,12 +289,30 @@ def _check_kwargs(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
 
 def virtual_ranks(job: Any, module: torch.nn.Module, make_loader: Callable[[int, int], Any], seed: int,
                   ddp_kwargs: dict[str, Any]) -> VirtualRanks:
-    """``job.virtual_ranks``: one virtual rank per process of the job as it starts."""
-    world, rank = job.world_size, job.rank
-    vr = VirtualRanks(module, vworld=world, placement={v: v for v in range(world)}, rank=rank,
+    """``job.virtual_ranks``: the job's virtual ranks (one per process as it starts; under
+    ``hotspare run --elastic``, the placement its generation was formed with)."""
+    members = job.members if job.managed else None
+    placement = members.placement if members is not None and members.placement else list(range(job.world_size))
+    vr = VirtualRanks(module, vworld=len(placement), placement=dict(enumerate(placement)), rank=job.rank,
                       make_loader=make_loader, seed=seed, inner=job.protocol if job.managed else None,
                       **ddp_kwargs)
     job.rankstate.add_part(vr)
+    job._ddps.append(vr.model)
+
+    def after_sync(msg: dict[str, Any]) -> None:
+        before = msg.get("before")
+        table = offset = None
+        if before:
+            table = job.rows.start_rows(msg["target"], members.store, len(set(before)))
+            offset = 0
+            for part in job.rankstate.layout():
+                if part is vr:
+                    break
+                offset += part.nbytes
+        vr.adopt(members.rank, msg.get("placement") or placement, before, members.prev_rank, table, offset or 0)
+
+    if members is not None:
+        members.after_sync.append(after_sync)
     return vr
 
 
