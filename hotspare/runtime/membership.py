@@ -144,7 +144,10 @@ class Membership:
             if self.progress.committed != target:
                 raise StateMismatch(f"rank {self.rank} was chosen as source for step {target} "
                                     f"but holds step {self.progress.committed}")
-            rows = self.rows.start_rows(target, self.store, rows_world)
+            # a changed placement: the rows as gathered (the keys of the rows published at an
+            # iteration's top are reused by the new placement's ranks at once)
+            rows = (self.rows.rows_for(target) if before else
+                    self.rows.start_rows(target, self.store, rows_world))
             stats = self.sync.send(self.group.store, key, target, rows, rows_world, source, receivers)
         else:
             self.hooks.transfer(self.generation, self.rank, "receiver")

@@ -303,7 +303,10 @@ def virtual_ranks(job: Any, module: torch.nn.Module, make_loader: Callable[[int,
         before = msg.get("before")
         table = offset = None
         if before:
-            table = job.rows.start_rows(msg["target"], members.store, len(set(before)))
+            # the committed step's rows as gathered (or as the source sent them): not the rows
+            # the ranks publish at the top of an iteration, whose keys the new placement's
+            # ranks reuse at once
+            table = job.rows.rows_for(msg["target"])
             offset = 0
             for part in job.rankstate.layout():
                 if part is vr:
