@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 
+from hotspare.errors import ConfigError
 from hotspare.runtime.ddp import wrap_ddp
 from hotspare.runtime.loader import ResumableLoader
 
@@ -72,6 +73,7 @@ class VirtualRanks:
         self._stash: dict[int, list[torch.Tensor]] = {}   # bucket index -> this step's raw gradients, in share order
         self._tables: list[tuple[torch.Tensor, torch.Tensor]] = []   # (bucket, [N, n] table) being exchanged
         self.placement: dict[int, int] = {}
+        self.check: Callable[[], None] | None = None      # once, at the first share (virtual_ranks)
         self._set_placement(placement)
         outside = torch.get_rng_state()
         for v in self.held:
@@ -190,6 +192,9 @@ class VirtualRanks:
         """``for vrank, batch in vr.shares(): loss(model(batch)).backward()``: each virtual rank
         this process runs, with its state current and its next micro-batch. After the last one,
         the parameters' gradients are the virtual-rank-ordered mean of all N."""
+        check, self.check = self.check, None
+        if check is not None:
+            check()
         self._outside = torch.get_rng_state()
         self._stash, self._tables, self._live = {}, [], None     # nothing left of a failed attempt
         held = list(self.held)
@@ -298,6 +303,15 @@ def virtual_ranks(job: Any, module: torch.nn.Module, make_loader: Callable[[int,
                       **ddp_kwargs)
     job.rankstate.add_part(vr)
     job._ddps.append(vr.model)
+
+    def check() -> None:
+        scalers = [n for n, o in job.registry.objects().items()
+                   if isinstance(o, torch.amp.GradScaler) and o.is_enabled()]
+        if scalers:
+            raise ConfigError(f"job.virtual_ranks: an enabled GradScaler ({', '.join(scalers)}) is not supported "
+                              "yet (its unscale and inf check would see only the combined gradient); train in "
+                              "float32 or bfloat16 without a scaler")
+    vr.check = check
 
     def after_sync(msg: dict[str, Any]) -> None:
         before = msg.get("before")

@@ -155,3 +155,18 @@ def test_what_an_elastic_ddp_cannot_do_is_refused(world_of_one):
     with pytest.raises(ValueError, match="find_unused_parameters"):
         VirtualRanks(torch.nn.Linear(8, 1), vworld=2, placement={0: 0, 1: 0}, rank=0, make_loader=make_loader,
                      find_unused_parameters=True)
+
+
+def test_an_enabled_grad_scaler_is_refused_at_the_first_share(world_of_one, monkeypatch):
+    import sys
+
+    from hotspare.errors import ConfigError
+    from hotspare.runtime.job import Job
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)     # Job puts its own in; put back after
+    job = Job()
+    job._start()
+    vr = job.virtual_ranks(torch.nn.Linear(8, 1), make_loader, seed=1)
+    opt = torch.optim.SGD(vr.model.parameters(), lr=0.1)
+    job.track(model=vr.model, optimizer=opt, scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(ConfigError, match="GradScaler"):
+        next(iter(vr.shares()))
