@@ -65,11 +65,12 @@ def test_elastic_job_with_a_spare_fails_over_as_any_job():
 @pytest.mark.parametrize("kill, extra", [
     ("kill:rank=0:step=5", []),                               # virtual rank 0 moves: rank 0 changes worker
     ("kill:rank=2:step=5", ["--fingerprint-every", "100"]),   # no pause vote before the end: regrown after it
+    ("kill:rank=1:step=5,kill:rank=2:step=5", []),            # two lost at once: one rank runs all three
 ])
 def test_three_ranks_shrink_and_regrow_bitwise(kill, extra):
     x = ["--elastic", "1", *extra]
     ref = fault_free(ARGS, nproc=3, script=SCRIPT, extra=x)
-    r = run_inproc(ARGS, nproc=3, spares=0, script=SCRIPT, extra=x, inject=[kill])
+    r = run_inproc(ARGS, nproc=3, spares=0, script=SCRIPT, extra=x, inject=kill.split(","))
     assert r.code == 0, r.output[-6000:]
     assert "SHRINK  generation 2" in r.output and "REGROW  generation 3" in r.output, r.output[-6000:]
     assert r.digest == ref.digest and r.report["steps_repeated"] == 0
