@@ -292,6 +292,15 @@ def _check_kwargs(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
     kwargs["broadcast_buffers"] = False
 
 
+def require_virtual(placement: Any, parts: list) -> None:
+    """``hotspare run --elastic`` with a script that does not train over ``job.virtual_ranks``: a
+    shrink would change its global batch, so it is refused before the first step."""
+    if placement is not None and not any(isinstance(p, VirtualRanks) for p in parts):
+        raise ConfigError("hotspare run --elastic needs a script that trains over job.virtual_ranks(...) (a shrink "
+                          "keeps the global batch by running the lost rank's virtual ranks on the survivors: "
+                          "docs/CONTRACT.md, Elastic jobs); drop --elastic, or write the step loop over vr.shares()")
+
+
 def virtual_ranks(job: Any, module: torch.nn.Module, make_loader: Callable[[int, int], Any], seed: int,
                   ddp_kwargs: dict[str, Any]) -> VirtualRanks:
     """``job.virtual_ranks``: the job's virtual ranks (one per process as it starts; under

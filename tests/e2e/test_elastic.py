@@ -76,3 +76,10 @@ def test_three_ranks_shrink_and_regrow_bitwise(kill, extra):
     assert r.digest == ref.digest and r.report["steps_repeated"] == 0
     assert virtual_digests(r.output) == virtual_digests(ref.output) and len(virtual_digests(ref.output)) == 3
     assert trained(r.output) == trained(ref.output)
+
+
+def test_elastic_with_a_script_not_over_virtual_ranks_stops_before_the_first_step():
+    # a shrink would change such a script's global batch: refused, never run wrongly
+    r = run_inproc(["--model", "tiny", "--steps", "4"], nproc=2, spares=0, extra=["--elastic", "1"], timeout=120)
+    assert r.code != 0 and "needs a script that trains over job.virtual_ranks" in r.output, r.output[-3000:]
+    assert "SHRINK" not in r.output
