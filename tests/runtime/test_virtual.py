@@ -47,6 +47,8 @@ def worker(n, rank, world, port, plan, q):
         h.update(t.detach().numpy().tobytes())
     rows = {v: hashlib.sha256(vr.slots[v].numpy().tobytes()).hexdigest() for v in vr.held}
     q.put((n, rank, h.hexdigest(), rows, seen))
+    q.close()
+    q.join_thread()           # the result is in the pipe before the process ends (os._exit skips the flush)
     dist.barrier()
     os._exit(0)
 
@@ -69,6 +71,7 @@ def run(*plans):
         except queue.Empty:
             dead = [k for k, p in procs.items() if p.exitcode not in (None, 0)]
             assert not dead, f"worker(s) {dead} crashed"
+            assert any(p.exitcode is None for p in procs.values()), "every worker ended, some without a result"
     for p in procs.values():
         p.join(30)
     results = []
