@@ -68,8 +68,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preemptible", action="store_true",
                    help="a job of higher priority may pause this one to borrow its devices (needs "
                         "--checkpoint-dir: it resumes from there, nothing lost)")
-    p.add_argument("--elastic", type=int, default=None, metavar="MIN_RANKS",
-                   help="the fewest ranks this job may shrink to (recorded; not acted on yet)")
     add_arguments(p, RunConfig)        # the job's flags, as `hotspare run` takes them
     p.set_defaults(func=submit)
     s = sub.add_parser("status", help="jobs and hosts of the coordinator service",
@@ -142,7 +140,7 @@ def job_request(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--nodes {args.nodes}: give 1..4096")
     # submit's own (--nproc-per-node, --spares, --report, --secret-file) are not the job's flags
     rest = dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, nproc=1, report=None, secret_file=None),
-                               capacity=dataclasses.replace(cfg.capacity, spares=1))
+                               capacity=dataclasses.replace(cfg.capacity, spares=1, elastic=None))
     argv = to_argv(rest)
     run_args = argv[:argv.index("--")] if "--" in argv else argv
     # the service checks them again (and the fault plug-in's, which it may allow)
@@ -152,7 +150,7 @@ def job_request(args: argparse.Namespace) -> dict:
     from hotspare.service.priority import check_elastic, parse_priority
     try:
         priority = parse_priority(args.priority)
-        check_elastic(args.elastic, args.nodes * cfg.launch.nproc)
+        check_elastic(cfg.capacity.elastic, args.nodes * cfg.launch.nproc)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if args.preemptible and not cfg.checkpoint.checkpoint_dir:
@@ -160,7 +158,7 @@ def job_request(args: argparse.Namespace) -> dict:
                           "there")
     return {"script": os.path.abspath(cfg.script), "args": list(cfg.script_args), "nodes": args.nodes,
             "nproc_per_node": cfg.launch.nproc, "spares": cfg.capacity.spares, "run_args": run_args,
-            "priority": priority, "preemptible": bool(args.preemptible), "elastic": args.elastic}
+            "priority": priority, "preemptible": bool(args.preemptible), "elastic": cfg.capacity.elastic}
 
 
 def submit(args: argparse.Namespace) -> int:

@@ -117,6 +117,11 @@ class CapacityConfig(Section):
     capacity_wait: float = option(60.0, parse=finite, metavar="SECONDS", at_least=0,
                                   help="when a rank is lost and nothing can replace it, wait this long, then "
                                        "stop cleanly after writing a last checkpoint")
+    elastic: int | None = option(None, parse=int, metavar="MIN", at_least=1, default_text="not elastic",
+                                 help="a script over job.virtual_ranks may shrink to MIN ranks: a lost rank with "
+                                      "no ready spare hands its virtual ranks to the survivors (same samples, same "
+                                      "global batch, bitwise), and the job grows back when a spare is ready "
+                                      "(docs/CONTRACT.md, Elastic jobs)")
 
 
 @dataclasses.dataclass(**_KW)

@@ -36,6 +36,7 @@ class Executor:
             policy.CheckpointNow: self._checkpoint_now,
             policy.StartSpares: self._start_spares,
             policy.Pause: self._pause,
+            policy.Regrow: self._regrow,
             policy.Cordon: self._cordon,
             policy.Release: self._release,
             policy.Stop: self._stop,
@@ -77,6 +78,10 @@ class Executor:
         now = time.time()
         if a.handoff_from is not None:
             self.log(f"MIGRATE generation {a.gen}: {reason}")
+        elif a.regrow:
+            self.log(f"REGROW  generation {a.gen}: {reason}")
+        elif a.placement is not None and a.before is not None:
+            self.log(f"SHRINK  generation {a.gen}: {reason}")
         elif a.gen > 1:
             self.log(f"RECOVER generation {a.gen}: {reason}")
         else:
@@ -86,9 +91,14 @@ class Executor:
         self.progress.formed(now, a.restore)
         self.vetter.reset()
         extra: dict[str, Any] = {}
+        placement = a.placement if a.placement is not None else self.view.placement
+        if placement is not None:       # an elastic job: which virtual ranks each rank runs
+            extra["placement"] = list(placement)
+            if a.before is not None:
+                extra["before"] = list(a.before)
         if a.handoff_from is not None:
             # The old worker sends its own state to the spare (a 2-member group), then exits.
-            extra = {"join_timeout": max(30.0, 4 * self.join_timeout)}
+            extra["join_timeout"] = max(30.0, 4 * self.join_timeout)
             rank = next(r for r, w in a.replacements.items())
             self.nodes.send(a.handoff_from, make("handoff", gen=a.gen, rank=rank,
                                                  handoff=f"handoff{a.gen}/", **extra))
@@ -131,6 +141,11 @@ class Executor:
     def _pause(self, a: policy.Pause, reason: str, t: float) -> None:
         self.ledger.migration_started(a, self.view.members[a.rank], t)
         self.log(f"MIGRATE {a.reason}")
+        for w in self.view.members.values():
+            self.nodes.send(w, make("pause", gen=a.gen, reason=a.reason))
+
+    def _regrow(self, a: policy.Regrow, reason: str, t: float) -> None:
+        self.log(f"REGROW  {a.reason}")
         for w in self.view.members.values():
             self.nodes.send(w, make("pause", gen=a.gen, reason=a.reason))
 

@@ -183,7 +183,7 @@ class Ledger:
         """Generation ``a.gen`` formed: the open failures (and a pending migration) are
         resolved by it; a re-form after gen 1 with no failure open was a transient collective
         failure, recorded as one."""
-        if a.gen > 1 and a.handoff_from is None:
+        if a.gen > 1 and a.handoff_from is None and not a.regrow:
             if not self.open:   # a collective failed but nobody died: a transient fault
                 rec = FailureRecord(cause=FailureCause.COLLECTIVE, rank=-1, worker="", step=a.target + 1,
                                     detected_at=now)

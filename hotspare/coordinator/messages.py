@@ -131,7 +131,7 @@ class WorkerMessages:
             self.ledger.changed_after_exchange(rank, step, parts[:64])
         check, fp, check_cpu = (msg.get(k) if isinstance(msg.get(k), (int, float)) else None
                                 for k in ("check", "fp", "check_cpu"))
-        if self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], self.view.world_size, t,
+        if self.ledger.commit(rank, step, float(msg["dt"]), msg["gen"], len(self.view.members), t,
                               check, fp, check_cpu):
             self._log_recovered(msg["gen"], t)
         every = self.log_every or max(1, (self.ledger.total_steps or 20) // 20)
@@ -155,7 +155,9 @@ class WorkerMessages:
         for f in self.ledger.failures:
             if f.generation == gen and f.first_commit_at == t:
                 src = "the checkpoint" if f.recovery_path == "checkpoint" else f"rank {f.source_rank}"
-                self.log(f"RESUMED rank {f.rank} -> {self.executor.where(f.replacement or f.worker)}: state of "
+                shrunk = f.replacement is None and self.view.placement is not None
+                to = "its virtual ranks on the survivors" if shrunk else self.executor.where(f.replacement or f.worker)
+                self.log(f"RESUMED rank {f.rank} -> {to}: state of "
                          f"step {f.target_step} ({f.bytes_transferred / 1e6:.1f} MB in "
                          f"{f.transfer_s * 1000:.0f} ms) from {src}; first step committed; downtime "
                          f"{f.first_commit_at - f.start:.2f} s, lost steps {f.lost_steps}")

@@ -27,7 +27,7 @@ from hotspare.protocol.messages import validate
 FORMAT = 1
 _TYPES: dict[str, type] = {cls.__name__: cls for cls in (
     ClusterView, Worker, Ledger, FailureRecord, MigrationRecord, JobPhase, signals.FailureCause,
-    signals.Crashed, signals.Done, signals.Checkpointed, actions.Pause, actions.FormGeneration)}
+    signals.Crashed, signals.Done, signals.Checkpointed, actions.Pause, actions.FormGeneration, actions.Regrow)}
 
 
 def encode(value: Any) -> Any:

@@ -21,6 +21,11 @@ class FormGeneration:
     replacements: dict[int, str] = field(default_factory=dict)   # rank -> spare that takes it
     restore: str | None = None  # every rank loads this checkpoint instead of receiving from a peer
     handoff_from: str | None = None  # live migration: this old worker sends its state to the spare
+    # an elastic job (policy/shrink.py): virtual rank -> physical rank from this generation on, and
+    # before it (the rows of per-rank state the source holds are laid out by ``before``)
+    placement: tuple[int, ...] | None = None
+    before: tuple[int, ...] | None = None
+    regrow: bool = False       # a virtual rank moves back onto a spare: no failure to record
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,17 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class Regrow:
+    """An elastic job grows back: every rank of ``gen`` leaves it at the next step boundary (as
+    for a ``Pause``), then virtual rank ``vrank`` moves onto ``spare`` (policy/shrink.py)."""
+    gen: int
+    vrank: int
+    spare: str
+    placement: tuple[int, ...]       # virtual rank -> physical rank after the move
+    reason: str
+
+
+@dataclass(frozen=True)
 class Cordon:
     """Take a device out of service: no new work; drained, then quarantine diagnostics."""
     device: str
@@ -83,4 +99,5 @@ class Stop:
     message: str
 
 
-Action = Union[FormGeneration, AbortGeneration, Fence, CheckpointNow, StartSpares, Release, Stop, Pause, Cordon]
+Action = Union[FormGeneration, AbortGeneration, Fence, CheckpointNow, StartSpares, Release, Stop, Pause, Cordon,
+               Regrow]

@@ -22,10 +22,11 @@ import enum
 from dataclasses import dataclass
 
 from hotspare.policy.actions import (AbortGeneration, Action, CheckpointNow, Cordon, Fence,
-                                     FormGeneration, Pause, Release, StartSpares, Stop)
+                                     FormGeneration, Pause, Regrow, Release, StartSpares, Stop)
 from hotspare.policy.hang import RankActivity, find_hung
 from hotspare.policy.phase import JobPhase
 from hotspare.policy.recovery import plan_recovery
+from hotspare.policy.shrink import decide_regrow, decide_shrink, holders_of, layout
 from hotspare.policy.signals import (Checkpointed, Crashed, Done, FailureCause, HealthVerdict, Paused,
                                      Signal, StepFailed, Tick, WorkerExited, WorkerReady)
 from hotspare.policy.view import (FAILOVER, MIGRATE, QUARANTINE, RETIRE, TAKES_ACTION, ClusterView,
@@ -139,7 +140,54 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
         final = {d.step for d in view.done.values()}
         actions.append(Release(f"all ranks finished step {max(final)}"))
         reasons.append("training complete")
+    else:
+        d = _regrow(view)
+        actions += d.actions
+        reasons += [d.reason] if d.actions else []
     return Decision(tuple(actions), "; ".join(reasons) or "nothing to do")
+
+
+def _regrow(view: ClusterView) -> Decision:
+    """An elastic job running shrunk, a spare ready: grow back at the next step boundary."""
+    if (view.placement is None or view.phase is not JobPhase.RUNNING or view.migrating is not None
+            or view.regrowing is not None or view.done):
+        return Decision((), "")
+    r = decide_regrow(holders_of(view.members, view.placement), view.ready_spares)
+    if r is None:
+        return Decision((), "")
+    _, placement = layout(r.holders)
+    return Decision((Regrow(view.generation, r.vrank, r.spare, placement, r.reason),), r.reason)
+
+
+def _regrown(view: ClusterView) -> Decision:
+    """Every rank paused at the same step for a regrow: the spare joins with its virtual rank."""
+    g = view.regrowing
+    steps = set(view.reports.values())
+    if g.spare not in view.ready_spares or len(steps) != 1:
+        return Decision((), f"growing back: waiting for every rank to pause (steps {sorted(steps)})")
+    target = steps.pop()
+    members, placement = layout({**holders_of(view.members, view.placement), g.vrank: g.spare})
+    rank = next(r for r, w in members.items() if w == g.spare)
+    form = FormGeneration(view.generation + 1, members, target, 0, (rank,), {rank: g.spare},
+                          placement=placement, before=view.placement, regrow=True)
+    return Decision((form,), f"all ranks paused after step {target}: {g.reason}; generation {view.generation + 1}")
+
+
+def _shrink(view: ClusterView, plan) -> Decision | None:
+    """No spare ready for an elastic job's lost ranks: go on with fewer (policy/shrink.py)."""
+    s = decide_shrink(holders_of(view.members, view.placement), [view.members[r] for r in sorted(view.lost)],
+                      view.elastic_min, len(view.ready_spares))
+    if s is None:
+        return None
+    members, placement = layout(s.holders)
+    rank = {w: r for r, w in members.items()}
+    source = rank[view.members[plan.source]]
+    receivers = tuple(sorted(rank[view.members[r]] for r in plan.receivers if r not in view.lost))
+    form = FormGeneration(view.generation + 1, members, plan.target_step, source, receivers,
+                          placement=placement, before=view.placement)
+    start = _can_start(view, plan.start)      # replacements still start: the job grows back on them
+    return Decision((form, StartSpares(start)) if start else (form,),
+                    f"{s.reason}; state of step {plan.target_step} stays in memory")
 
 
 def _on_health(view: ClusterView, v: HealthVerdict) -> Decision:
@@ -198,7 +246,8 @@ def _on_tick(view: ClusterView, tick: Tick) -> Decision:
         silent = tuple(sorted(set(view.members) - view.lost - set(view.reports) - view.fenced))
         # A live migration waits for the step in flight to end (up to the hang limit); a
         # failure frees the blocked survivors at once.
-        grace = tick.limit if view.migrating is not None and not view.lost else ABORT_GRACE_S
+        pausing = view.migrating is not None or view.regrowing is not None
+        grace = tick.limit if pausing and not view.lost else ABORT_GRACE_S
         if silent and not view.aborted and tick.recovering_for >= grace:
             reason = f"rank(s) {list(silent)} still in generation {view.generation}: aborting it"
             return Decision((AbortGeneration(view.generation, silent),), reason)
@@ -251,6 +300,8 @@ def _recover(view: ClusterView) -> Decision:
     fencing = sorted(view.fenced - view.lost)
     if fencing:      # their state is not trusted (or they hung): never a source; wait for the exit
         return Decision((), f"waiting for fenced rank(s) {fencing} to exit")
+    if view.regrowing is not None and not view.lost:
+        return _regrown(view)
     m = view.migrating
     if m is not None and not view.lost and m.spare in view.ready_spares:
         steps = set(view.reports.values())
@@ -294,6 +345,10 @@ def _recover(view: ClusterView) -> Decision:
         refill = _can_start(view, view.target_spares - spare_left - view.starting)
         actions: tuple[Action, ...] = (form, StartSpares(refill)) if refill else (form,)
         return Decision(actions, plan.reason + (f"; re-provisioning {refill} spare(s)" if refill else ""))
+    if plan.path == "wait" and view.placement is not None:
+        d = _shrink(view, plan)
+        if d is not None:
+            return d
     if plan.path == "wait":
         start = _can_start(view, plan.start)
         if plan.start and not start:
@@ -314,5 +369,5 @@ def _bug_message(first: Crashed, again: Crashed) -> str:
 __all__ = ["ABORT_GRACE_S", "MAX_BOOT_KILLS", "FAILOVER", "MIGRATE", "QUARANTINE", "RETIRE", "TAKES_ACTION",
            "AbortGeneration", "Action", "CheckpointNow", "Checkpointed", "ClusterView", "Cordon", "Crashed",
            "Decision", "Done", "FailureCause", "Fence", "FormGeneration", "HealthVerdict", "JobPhase", "Pause",
-           "Paused", "RankActivity", "ReasonCode", "Release", "Signal", "StartSpares", "StepFailed", "Stop",
+           "Paused", "RankActivity", "ReasonCode", "Regrow", "Release", "Signal", "StartSpares", "StepFailed", "Stop",
            "Tick", "WorkerExited", "WorkerReady", "apply", "decide", "observe"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hotspare.policy.actions import (AbortGeneration, Action, CheckpointNow, Fence, FormGeneration,
-                                     Pause, Release, StartSpares, Stop)
+                                     Pause, Regrow, Release, StartSpares, Stop)
 from hotspare.policy.phase import JobPhase, advance
 from hotspare.policy.signals import (Checkpointed, Crashed, Done, HealthVerdict, Paused, Signal,
                                      StepFailed, WorkerExited, WorkerReady)
@@ -47,6 +47,9 @@ class ClusterView:
     migrating: Pause | None = None                               # a live migration in flight
     health_failures: dict[tuple[int, int], list[str]] = field(default_factory=dict)  # (rank, step) -> workers
     boot_kills: int = 0                                          # spares killed while starting, in a row
+    elastic_min: int | None = None                               # --elastic MIN: may shrink to MIN ranks
+    placement: tuple[int, ...] | None = None                     # elastic: virtual rank -> rank, this gen
+    regrowing: Regrow | None = None                              # an elastic job growing back
 
     def rank_of(self, worker: str) -> int | None:
         for r, w in self.members.items():
@@ -116,11 +119,13 @@ def apply(view: ClusterView, action: Action) -> None:
         view.generation = action.gen
         view.members = dict(action.members)
         view.ready_spares = [w for w in view.ready_spares if w not in action.replacements.values()]
-        if not view.lost and action.handoff_from is None:
+        if action.placement is not None:
+            view.placement = action.placement
+        if not view.lost and action.handoff_from is None and not action.regrow:
             view.reforms[action.target + 1] = view.reforms.get(action.target + 1, 0) + (action.gen > 1)
         view.lost, view.reports, view.done = set(), {}, {}
         view.fenced, view.aborted = set(), False
-        view.migrating = None
+        view.migrating, view.regrowing = None, None
         view.phase = advance(view.phase, JobPhase.RUNNING)
     elif isinstance(action, StartSpares):
         view.starting += action.count
@@ -134,6 +139,9 @@ def apply(view: ClusterView, action: Action) -> None:
         view.aborted = True
     elif isinstance(action, Pause):
         view.migrating = action
+        view.phase = advance(view.phase, JobPhase.RECOVERING)
+    elif isinstance(action, Regrow):
+        view.regrowing = action
         view.phase = advance(view.phase, JobPhase.RECOVERING)
     elif isinstance(action, Release):
         view.phase = advance(view.phase, JobPhase.FINISHED)

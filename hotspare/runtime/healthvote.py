@@ -62,6 +62,9 @@ class HealthVote:
         self._vote = None
         m = self.members
         due = step % (self.every or DEFAULT_VOTE_EVERY) == 0 or (step == m.verify_at and self.every > 0)
+        if m.world_size == 1 and not m.broken and self._pause_gen() == m.generation:
+            self._on_pause(step)         # a world of one (an elastic job shrunk to one) agrees alone
+            return
         if not due or m.world_size < 2 or m.broken:
             return
         params = self._param_views()

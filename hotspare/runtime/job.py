@@ -58,6 +58,7 @@ from hotspare.runtime.persist import Persister
 from hotspare.runtime.phase import Finished, PauseAgreed, ResumePoint, StepFailed, WorkerPhase
 from hotspare.runtime.statesync import StateSync
 from hotspare.runtime.steps import Outcome, StepProtocol
+from hotspare.runtime.virtual import require_virtual
 
 # Outside hotspare run, rank 0's job.log prints at most every PLAIN_LOG_EVERY_S seconds (and at
 # the last step); HOTSPARE_LOG_EVERY_S overrides it (0: every step, as bench/overhead.py needs).
@@ -222,6 +223,11 @@ class Job:
         self._ddps.append(ddp)
         return ddp
 
+    def virtual_ranks(self, module: torch.nn.Module, make_loader, *, seed: int = 0, **ddp_kwargs: Any):
+        """An elastic job's DDP over virtual ranks (runtime/virtual.py, docs/CONTRACT.md)."""
+        from hotspare.runtime.virtual import virtual_ranks
+        return virtual_ranks(self, module, make_loader, seed, ddp_kwargs)
+
     def device_mesh(self, shape: tuple[int, ...], mesh_dim_names: tuple[str, ...]):
         """A ``DeviceMesh`` for torch's ``fully_shard`` that survives failovers (docs/SHARDED.md)."""
         from hotspare.runtime.sharded import ShardedRuntime
@@ -351,6 +357,10 @@ class Job:
         """State hotspare must know about but was not told of: a clear error now (or within a
         few steps, runtime/contract.py), instead of a replacement that silently differs."""
         untracked_kinds(self.registry.objects())
+        try:
+            require_virtual(self.members.placement, self.rankstate.parts)   # --elastic: runtime/virtual.py
+        except ConfigError as e:
+            self._contract_failed(e)
         self.top.watch = UntrackedWatch(self.registry.objects(), self.committed + 1)
 
     def _contract_failed(self, err: ConfigError) -> None:

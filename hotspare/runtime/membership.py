@@ -29,6 +29,8 @@ class Membership:
         self.backend, self.join_timeout_s = backend, join_timeout_s
         self._restore = restore
         self.generation, self.rank, self.world_size = 0, None, 1
+        self.prev_rank: int | None = None   # this worker's rank in the generation before (None: new)
+        self.placement: list[int] | None = None   # an elastic job's: virtual rank -> rank (runtime/virtual.py)
         self.group: GenerationGroup | None = None
         self.aborted_upto = 0        # newest generation the coordinator aborted (phase.Aborted)
         self.pending_sync: dict[str, Any] | None = None   # deferred until the script tracked its state
@@ -83,7 +85,9 @@ class Membership:
         """Join the generation of ``msg``: build its group, then sync state (raises on a peer's
         failure; the phase machine reports it and awaits the next order)."""
         self.teardown()
+        self.prev_rank = self.rank
         self.generation, self.rank, self.world_size = msg["gen"], msg["rank"], msg["world"]
+        self.placement = msg.get("placement")
         self.joins += 1
         if msg.get("moved"):
             # State moves in this generation: one update later, every rank's parameters must
@@ -126,17 +130,29 @@ class Membership:
         if not receivers or (self.rank != source and self.rank not in receivers):
             return 0, 0.0
         key = f"state/{source}"
+        # the rows of per-rank state are the previous generation's; an elastic job's placement may
+        # have changed the world since (runtime/virtual.py): a rank takes its old row, a spare the
+        # row of the rank that ran its first virtual rank
+        before = msg.get("before")
+        rows_world = len(set(before)) if before else self.world_size
+        row = self.rank
+        if before:
+            mine = [v for v, p in enumerate(self.placement) if p == self.rank]
+            row = self.prev_rank if self.prev_rank is not None else before[mine[0]]
         if self.rank == source:
             self.hooks.transfer(self.generation, self.rank, "source")
             if self.progress.committed != target:
                 raise StateMismatch(f"rank {self.rank} was chosen as source for step {target} "
                                     f"but holds step {self.progress.committed}")
-            rows = self.rows.start_rows(target, self.store, self.world_size)
-            stats = self.sync.send(self.group.store, key, target, rows, self.world_size, source, receivers)
+            # a changed placement: the rows as gathered (the keys of the rows published at an
+            # iteration's top are reused by the new placement's ranks at once)
+            rows = (self.rows.rows_for(target) if before else
+                    self.rows.start_rows(target, self.store, rows_world))
+            stats = self.sync.send(self.group.store, key, target, rows, rows_world, source, receivers)
         else:
             self.hooks.transfer(self.generation, self.rank, "receiver")
             step, stats = self.sync.receive(self.group.store, key, "the source rank", source, receivers,
-                                            self.rank, self.world_size)
+                                            row, rows_world)
             self._took(step)
         return stats.bytes, stats.seconds
 

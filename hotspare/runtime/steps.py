@@ -204,9 +204,10 @@ class StepProtocol:
             self.progress.applied = self.current
 
     # ------------------------------------------------------------------ the gradient-exchange seam
-    def reduce_bucket(self, index: int, buf: torch.Tensor) -> dist.Work | BaseException:
+    def reduce_bucket(self, index: int, buf: torch.Tensor, scale: bool = True) -> dist.Work | BaseException:
         """Start reducing one gradient bucket (buckets come in index order; 0 opens the step's
-        exchange). Never raises: the failure is returned, for the bucket's future to carry."""
+        exchange). Never raises: the failure is returned, for the bucket's future to carry.
+        ``scale=False``: summed as it is (an elastic job's table of gradients, runtime/virtual.py)."""
         self._reached_exchange()
         m = self.members
         if m.broken:
@@ -219,7 +220,7 @@ class StepProtocol:
             self.hooks.bucket(flat)
             # Scale by 1/world (DDP's own arithmetic, so the result is bitwise equal to plain
             # DDP's with the same layout) and note this rank's own NaN/Inf, in one pass.
-            self.vote.scan_bucket(flat, m.world_size)
+            self.vote.scan_bucket(flat, m.world_size if scale else 1)
             return m.group.allreduce(buf)
         except Exception as e:
             self.collectives.note(e)

@@ -8,6 +8,7 @@ import queue
 
 from hotspare.config.preflight import Preflight
 from hotspare.config import RunConfig
+from hotspare.errors import ConfigError
 from hotspare.protocol.workerenv import JobEnv
 
 
@@ -60,8 +61,12 @@ def control_plane(cfg: RunConfig, pre: Preflight, events: "queue.Queue", health,
                 "backend": cfg.launch.backend}
     ledger = Ledger(settings)
     ledger.checkpoint_fallbacks.extend(pre.fallbacks)
+    elastic = cfg.capacity.elastic
+    if elastic is not None and elastic > cfg.launch.nproc:
+        raise ConfigError(f"--elastic {elastic}: the job has {cfg.launch.nproc} ranks; give 1..{cfg.launch.nproc}")
     view = ClusterView(world_size=cfg.launch.nproc, target_spares=cfg.capacity.spares, resume=pre.resume_path,
-                       replacements_left=cfg.capacity.max_replacements, capacity_wait=cfg.capacity.capacity_wait)
+                       replacements_left=cfg.capacity.max_replacements, capacity_wait=cfg.capacity.capacity_wait,
+                       elastic_min=elastic, placement=None if elastic is None else tuple(range(cfg.launch.nproc)))
     # Fault injection is a testing plug-in, loaded only when asked for (hotspare.testing.faults).
     plugins = []
     if injecting(cfg):

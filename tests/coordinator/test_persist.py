@@ -7,7 +7,7 @@ from hotspare.coordinator import persist
 from hotspare.coordinator.ledger import FailureRecord, Ledger
 from hotspare.coordinator.nodes import Worker
 from hotspare.errors import ProtocolError
-from hotspare.policy.actions import Pause
+from hotspare.policy.actions import Pause, Regrow
 from hotspare.policy.phase import JobPhase
 from hotspare.policy.signals import Checkpointed, Crashed, FailureCause
 from hotspare.policy.view import ClusterView
@@ -37,6 +37,13 @@ def test_a_view_and_a_ledger_come_back_equal():
     back = persist.decode(data["l"])
     assert back == ledger and back.seen == {(0, 5)} and back.repeated == {5}
     assert back.fences["w1"] == (11.0, FailureCause.HANG, "")
+
+
+def test_an_elastic_jobs_placement_and_regrow_come_back_equal():
+    view = ClusterView(world_size=3, target_spares=0, generation=2, phase=JobPhase.RECOVERING,
+                       members={0: "w0", 1: "w2"}, elastic_min=1, placement=(0, 0, 1),
+                       regrowing=Regrow(gen=2, vrank=1, spare="w3", placement=(0, 1, 2), reason="spare ready"))
+    assert persist.decode(json.loads(json.dumps(persist.encode(view)))) == view
 
 
 @pytest.mark.parametrize("bad", [
