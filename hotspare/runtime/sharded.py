@@ -45,6 +45,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hotspare.errors import ConfigError, PeerFailure, StateMismatch
+from hotspare.sharded import fallback
 from hotspare.sharded.mesh import ShardedMesh
 from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride, plan_restore
 from hotspare.transfer import buddy as wire
@@ -129,11 +130,8 @@ class ShardedRuntime:
         if len(shape) not in (1, 2):
             raise ConfigError("hotspare's sharded jobs take a 1-D mesh (FSDP) or a 2-D (replicate, shard) "
                               f"mesh (HSDP); got {len(shape)} dimensions")
-        env = job.env
-        if env is not None and (env.checkpoint_every or env.checkpoint_seconds or env.resume_dir):
-            raise ConfigError("--checkpoint-every/--checkpoint-seconds/--resume do not apply to a sharded job yet: "
-                              "hotspare's checkpoints hold rank 0's state, not every rank's shard; drop them "
-                              "(a sharded job fails over from its buddies' and replicas' memory, docs/SHARDED.md)")
+        if job.managed:
+            job._persist.enable_sharded(job)     # every rank writes and restores its own shard (sharded/checkpoints.py)
         return cls(job, shape, names)
 
     # ------------------------------------------------------------------ what is sharded
@@ -243,7 +241,7 @@ class ShardedRuntime:
         """A step failed: FSDP's per-iteration state back to idle, every parameter sharded."""
         for name in self.job.registry.sharded:
             obj = self.job.registry.objects()[name]
-            if isinstance(obj, FSDPModule):
+            if isinstance(obj, FSDPModule) and obj._get_fsdp_state()._is_root is not None:  # never run: nothing to reset
                 _reset_fsdp(obj)
 
     def before_sync(self, msg: dict[str, Any]) -> None:
@@ -281,9 +279,12 @@ class ShardedRuntime:
         m, job = self.job.members, self.job
         if not job.registry.sharded:
             return
-        if msg.get("restore"):
-            raise StateMismatch("a sharded job cannot be restored from hotspare's checkpoints yet "
-                                "(each rank's shard would be needed): no copy survived in memory")
+        if msg.get("restore"):         # every rank loaded its own shard of the checkpoint (sharded/fallback.py)
+            m.restored = [fallback.from_checkpoint(self, msg["restore"])]
+            self._own_valid, self._stash = True, None
+            if m.world_size > 1:
+                self._exchange_snapshots(job.progress.committed)
+            return
         if m.world_size < 2:
             return
         target = job.progress.committed
@@ -301,8 +302,7 @@ class ShardedRuntime:
         replicas = self.mesh.groups[0] if len(self.mesh.shape) == 2 else None   # HSDP: (replicate, shard)
         plan, reason = plan_restore(status, target, self.stride, replicas)
         if reason is not None:
-            raise StateMismatch(f"sharded state of step {target} cannot be rebuilt from memory: {reason}; "
-                                "a checkpoint is needed")
+            fallback.unrecoverable(self, target, reason)     # the job goes back to its newest checkpoint
         group = self.mesh.buddy_group() if plan else None
         for src in plan:
             if m.rank == src.holder:
@@ -323,6 +323,7 @@ class ShardedRuntime:
                         f"the snapshot of step {state.step}" + (f" + the log of step {log.step}, replayed" if log else ""))
                 print(f"hotspare: rank {m.rank}: shard of step {target} restored from rank {src.holder}: {what} "
                       f"({nbytes} bytes, sha256 checked)", file=sys.stderr, flush=True)
+        m.restored = fallback.sources(m.rank, self.restores, target)    # the report's words
         self._exchange_snapshots(target)
 
     def _exchange_snapshots(self, step: int) -> None:
