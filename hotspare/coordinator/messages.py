@@ -93,7 +93,8 @@ class WorkerMessages:
 
     def _crash(self, worker: str, msg: Message, t: float) -> policy.Signal:
         self.log(f"ERROR   rank {msg['rank']} ({worker}) raised at step {msg['step']}: {msg['error'][:200]}")
-        return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"])
+        return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"],
+                              refused=msg.get("refused") is True)
 
     def _checkpointed(self, worker: str, msg: Message, t: float) -> policy.Signal | None:
         from hotspare.checkpoint import within    # here: the control CLI imports this module without torch

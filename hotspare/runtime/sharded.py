@@ -45,7 +45,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hotspare.errors import ConfigError, PeerFailure, StateMismatch
-from hotspare.sharded import fallback
+from hotspare.sharded import fallback, memory
 from hotspare.sharded.mesh import ShardedMesh
 from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride, plan_restore
 from hotspare.transfer import buddy as wire
@@ -335,12 +335,12 @@ class ShardedRuntime:
         got = wire.recv(self.pred, group)
         out.outcome()
         self.store.confirm(self.pred, got, None)
-        if not self._said_memory and self.job.rank == 0:
-            self._said_memory = True
-            mb = mine.nbytes / 2**20
-            print(f"hotspare: sharded job: rank 0's shard (parameters and optimizer state) is {mb:.2f} MB; "
-                  f"each rank keeps its predecessor's in host RAM: up to 2 snapshots and 1 gradient log, "
-                  f"about {3 * mb:.2f} MB per rank", file=sys.stderr, flush=True)
+        reg = self.job.registry        # the host RAM the snapshots take: said, and refused before step 0
+        self._said_memory |= memory.check(self.job.members.group, self.job.rank, self.job.world_size, mine.nbytes,
+                                          memory.log_bytes(o for n, o in reg.objects().items() if n in reg.sharded
+                                                           and isinstance(o, torch.nn.Module)),
+                                          self.stride, say=not self._said_memory,
+                                          before_first_step=step < 0 or self.job.generation == 1)
 
     def _load(self, state: Packet, log: Packet | None, target: int) -> None:
         state.verify()
