@@ -255,8 +255,8 @@ class Ledger:
 
     def stopped(self, message: str, preempted: bool) -> None:
         self.outcome, self.message = ("preempted" if preempted else "stopped"), message
-        for f in self.open:
-            f.recovery_path = f.recovery_path or "stopped"
+        for f in self.open:     # never resumed: a generation that formed but never committed did not recover it
+            f.recovery_path = "stopped"
 
     # ------------------------------------------------------------------ commits
 

@@ -78,3 +78,15 @@ def test_a_tampered_sharded_checkpoint_is_never_loaded_the_older_one_is(tmp_path
     older.write_text(json.dumps(head))
     r = run_inproc(ARGS, spares=0, extra=["--resume", str(ckpts)])
     assert r.code == 2 and "no valid checkpoint" in r.output, r.output[-3000:]
+
+
+@pytest.mark.slow   # ~20 s on 2 cores
+def test_fsdp_rank_and_its_buddy_lost_without_a_checkpoint_stop_saying_why():
+    r = run_inproc(ARGS, spares=2, inject=BOTH)
+    assert r.code != 0
+    rep = r.report
+    assert rep["outcome"] == "stopped" and rep["recovered_zero_loss"] == 0, rep["failures"]
+    assert "no rank holds every shard of the newest step" in rep["message"], rep["message"]
+    assert "--checkpoint-dir DIR --checkpoint-every N" in rep["message"]
+    assert [f["recovery_path"] for f in rep["failures"]] == ["stopped", "stopped"]
+    assert "rank 1's shard is not in memory" in r.output and "looks like a bug" not in r.output
