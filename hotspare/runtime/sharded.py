@@ -47,7 +47,7 @@ from torch.distributed.tensor import DTensor
 from hotspare.errors import ConfigError, PeerFailure, StateMismatch
 from hotspare.sharded import fallback, memory
 from hotspare.sharded.mesh import ShardedMesh
-from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride, plan_restore
+from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride
 from hotspare.transfer import buddy as wire
 from hotspare.transfer.buddy import BuddyStore, Packet
 
@@ -300,7 +300,7 @@ class ShardedRuntime:
         m.group.all_gather(rows, mine).wait()
         status = [BuddyStatus(*r) for r in rows.view(m.world_size, -1).tolist()]
         replicas = self.mesh.groups[0] if len(self.mesh.shape) == 2 else None   # HSDP: (replicate, shard)
-        plan, reason = plan_restore(status, target, self.stride, replicas)
+        plan, reason = fallback.checked_plan(self, status, target, replicas)   # every copy verified first
         if reason is not None:
             fallback.unrecoverable(self, target, reason)     # the job goes back to its newest checkpoint
         group = self.mesh.buddy_group() if plan else None
@@ -323,7 +323,7 @@ class ShardedRuntime:
                         f"the snapshot of step {state.step}" + (f" + the log of step {log.step}, replayed" if log else ""))
                 print(f"hotspare: rank {m.rank}: shard of step {target} restored from rank {src.holder}: {what} "
                       f"({nbytes} bytes, sha256 checked)", file=sys.stderr, flush=True)
-        m.restored = fallback.sources(m.rank, self.restores, target)    # the report's words
+        m.restored = fallback.sources(self, target)    # the report's words
         self._exchange_snapshots(target)
 
     def _exchange_snapshots(self, step: int) -> None:
