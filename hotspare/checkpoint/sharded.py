@@ -35,7 +35,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -118,16 +118,19 @@ def write_shard(folder: str, step: int, rank: int, world: int, fingerprint: str,
 
 
 def publish(directory: str, folder: str, step: int, world: int, fingerprint: str, *, key: bytes,
-            timeout_s: float = 120.0, keep: int = 2) -> CheckpointInfo:
+            timeout_s: float = 120.0, keep: int = 2, cancelled: Callable[[], bool] | None = None
+            ) -> CheckpointInfo:
     """Rank 0: wait until every rank's header is in ``folder``, sign the index over every file,
-    and publish the folder as ``step-<N>`` (atomically; ``LATEST`` then names it)."""
+    and publish the folder as ``step-<N>`` (atomically; ``LATEST`` then names it). Given up
+    (never published) after ``timeout_s``, or as soon as ``cancelled()`` (the generation that
+    was writing ended: a lost rank never writes its shard)."""
     names = [n for r in range(world) for n in shard_names(r)]
     deadline = time.monotonic() + timeout_s
     while not all(os.path.exists(os.path.join(folder, shard_names(r)[0])) for r in range(world)):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (cancelled is not None and cancelled()):
             missing = [r for r in range(world) if not os.path.exists(os.path.join(folder, shard_names(r)[0]))]
             raise CheckpointError(f"sharded checkpoint of step {step}: rank(s) {missing} did not write their "
-                                  f"shard within {timeout_s:.0f} s; not published")
+                                  f"shard ({'their generation ended' if time.monotonic() <= deadline else f'within {timeout_s:.0f} s'}); not published")
         time.sleep(WAIT_POLL_S)
     files, digest, nbytes = {}, hashlib.sha256(), 0
     for r in range(world):

@@ -59,7 +59,8 @@ class ShardedCheckpoints:
         try:
             write_shard(folder, step, rank, world, fingerprint, manifest, tensors, row)
             if rank == 0:
-                info = publish(self.directory, folder, step, world, fingerprint, key=key)
+                info = publish(self.directory, folder, step, world, fingerprint, key=key,
+                               cancelled=lambda: self.job.generation != gen)
                 if self._on_done is not None:
                     self._on_done(info)
         except (OSError, CheckpointError, ValueError) as e:

@@ -74,6 +74,8 @@ def test_a_shard_that_never_arrives_leaves_nothing_published(tmp_path, key):
     with pytest.raises(CheckpointError, match=r"rank\(s\) \[1, 2\] did not write their shard"):
         sc.publish(str(tmp_path), folder, 4, WORLD, "fp", key=key, timeout_s=0.2)
     assert newest_valid(str(tmp_path), key) == (None, [])
+    with pytest.raises(CheckpointError, match="their generation ended"):      # given up at once
+        sc.publish(str(tmp_path), folder, 4, WORLD, "fp", key=key, timeout_s=60, cancelled=lambda: True)
 
 
 @pytest.mark.parametrize("damage", ["flip a byte of rank 1's tensors", "edit rank 1's header",
