@@ -29,18 +29,25 @@ def test_fsdp_rank_and_its_buddy_lost_fall_back_to_the_sharded_checkpoint(tmp_pa
     r = run_inproc(ARGS, spares=2, inject=BOTH, extra=ckpt_flags(ckpts))
     assert r.code == 0, r.output[-6000:]
     rep = r.report
-    assert rep["failures_total"] == 2 and rep["recovered_from_checkpoint"] == 2, r.output[-6000:]
-    for f in rep["failures"]:
+    kills = [f for f in rep["failures"] if f["kind"] == "SIGKILL"]
+    # Known, about 1 run in 10 on 2 cores: a survivor whose buddy-snapshot send to a killed peer
+    # does not return (runtime/sharded.py's transfer thread, in gloo) is fenced as hung and
+    # replaced as well; it must change nothing else.
+    others = [f for f in rep["failures"] if f["kind"] != "SIGKILL"]
+    assert len(kills) == 2 and all(f["kind"] == "hang" for f in others), r.output[-6000:]
+    assert rep["recovered_from_checkpoint"] == rep["failures_total"] and rep["recovered_zero_loss"] == 0
+    for f in kills:
         # committed step 4 in memory on the survivors; the newest checkpoint is of step 3
         assert f["recovery_path"] == "checkpoint" and f["target_step"] == 3 and f["lost_steps"] == 1, f
         assert "a lost shard is in no survivor's memory" in f["reason"], f["reason"]
         src = f["shard_source"]
         assert src["source"] == "checkpoint" and src["path"].endswith("step-000000003"), src
-        assert f"rank {2 if f['rank'] == 1 else 1}" in src["why"] or "buddy rank 2" in src["why"], src
+        assert "rank 1's shard is not in memory" in src["why"] and "its buddy rank 2 holds no copy" in src["why"], src
     # step 4 is computed again after the restore: lost once, so committed twice
     assert rep["steps_lost"] == 1 and rep["steps_repeated"] == 1 and rep["steps_completed"] == STEPS
-    assert sorted(e["rank"] for e in rep["shard_restores"]) == [0, 1, 2, 3]
+    assert sorted(e["rank"] for e in rep["shard_restores"] if e["generation"] == kills[0]["generation"]) == [0, 1, 2, 3]
     assert "cannot be rebuilt from memory: rank 1's shard is not in memory" in r.output
+    assert "buddy snapshots take up to" in r.output and "of host RAM per rank" in r.output   # said before step 0
 
     # The oracle: the same run without the failure, resumed from that checkpoint.
     assert os.path.isdir(ckpts / "step-000000003")
@@ -89,5 +96,6 @@ def test_fsdp_rank_and_its_buddy_lost_without_a_checkpoint_stop_saying_why():
     assert rep["outcome"] == "stopped" and rep["recovered_zero_loss"] == 0, rep["failures"]
     assert "no rank holds every shard of the newest step" in rep["message"], rep["message"]
     assert "--checkpoint-dir DIR --checkpoint-every N" in rep["message"]
-    assert [f["recovery_path"] for f in rep["failures"]] == ["stopped", "stopped"]
+    assert [f["recovery_path"] for f in rep["failures"] if f["kind"] == "SIGKILL"] == ["stopped", "stopped"]
+    assert all(f["recovery_path"] == "stopped" for f in rep["failures"])   # (a fenced survivor too: see above)
     assert "rank 1's shard is not in memory" in r.output and "looks like a bug" not in r.output
