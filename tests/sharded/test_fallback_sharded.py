@@ -99,3 +99,17 @@ def test_fsdp_rank_and_its_buddy_lost_without_a_checkpoint_stop_saying_why():
     assert [f["recovery_path"] for f in rep["failures"] if f["kind"] == "SIGKILL"] == ["stopped", "stopped"]
     assert all(f["recovery_path"] == "stopped" for f in rep["failures"])   # (a fenced survivor too: see above)
     assert "rank 1's shard is not in memory" in r.output and "looks like a bug" not in r.output
+
+
+@pytest.mark.slow
+def test_hsdp_every_rank_writes_its_shard_and_a_resume_from_it_is_bitwise_equal(tmp_path):
+    hsdp = [a if a != "--fsdp" else "--hsdp" for a in ARGS]
+    first = run_inproc(hsdp, spares=0, extra=ckpt_flags(tmp_path, every=3))
+    assert first.code == 0, first.output[-5000:]
+    assert sorted(p.name for p in (tmp_path / "step-000000003").iterdir()) == sorted(
+        [f"rank-{r:05d}.{x}" for r in range(4) for x in ("bin", "json")] + ["hotspare.json"])
+    r = run_inproc(hsdp, spares=0, extra=["--resume", str(tmp_path / "step-000000003")])
+    assert r.code == 0, r.output[-5000:]
+    assert r.digest == first.digest and r.report["rank_digests"] == first.report["rank_digests"]
+    assert [e["source"] for e in r.report["shard_restores"]] == ["checkpoint"] * 4
+    assert all(e["why"] == "the job was started with --resume" for e in r.report["shard_restores"])
