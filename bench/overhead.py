@@ -5,7 +5,8 @@
     python bench/overhead.py --observe                # three jobs: torchrun, hotspare, and hotspare with
                                                       # --metrics (scraped every second), --events and
                                                       # --dashboard (a logged-in page following it) on
-    python bench/overhead.py --model 1m --sharded fsdp  # FSDP2 (buddy snapshots on) against torchrun's FSDP2
+    python bench/overhead.py --model 1m --sharded fsdp  # FSDP2 under hotspare with buddy snapshots on,
+                                                        # the same with them off, and torchrun's FSDP2
     PYTHONPATH=/path/to/other/checkout python bench/overhead.py   # measure another hotspare
 
 Run one after the other, the two jobs meet different machines: on a shared 2-core VM the step
@@ -22,6 +23,13 @@ describes switched on and in use, as an operator would have it: ``--metrics`` sc
 (as Prometheus would), ``--events`` written, and ``--dashboard`` with a logged-in client following
 its live stream (as an open browser tab would). Its ratios against torchrun and against the plain
 hotspare job of the same round are the cost of watching a job; the three rotate which starts first.
+
+``--sharded fsdp|hsdp`` runs the example sharded and adds a third job beside torchrun's and
+hotspare's: hotspare with its buddy snapshots and gradient logs off (``HOTSPARE_SNAPSHOT_EVERY=0``;
+the step gate, its pause vote and the per-rank rows stay), so the snapshots' own cost is the ratio
+of the two hotspare jobs, measured side by side; with each job's workers' resident memory (the
+mean over its ranks of the peak VmRSS seen at a step line) and the host RAM the snapshots take as
+the runtime counts it.
 
 CPU time is the main measure: on a machine the job has to itself (CPU-bound, every core busy, as
 here), CPU per step is what sets the step time. The wall time per step over the same window is
@@ -48,6 +56,8 @@ EXAMPLE = REPO / "examples" / "gpt_stdlib.py"
 # torchrun: rank 0 of the example prints "step N loss ..."; hotspare's launcher "[hotspare t] step N/T".
 SCRIPT_EXTRA: list[str] = []     # --sharded: the example's --fsdp / --hsdp
 STEP_LINE = re.compile(r"(?:^|\] )step\s+(\d+)")
+NOSNAP = "hotspare-nosnap"        # --sharded: hotspare with the buddy snapshots off
+SNAP_RAM = re.compile(r"about ([\d.]+) MB of host RAM per rank")
 
 
 def _tasks_cpu_s(pid: int) -> dict[str, float]:
@@ -78,6 +88,24 @@ def _role(pid: int) -> str:
 ROLES = ("launcher", "worker", "spare")
 
 
+def _sharded() -> bool:
+    return "--fsdp" in SCRIPT_EXTRA or "--hsdp" in SCRIPT_EXTRA
+
+
+def worker_rss_mb(root: int) -> list[float]:
+    """Resident memory (VmRSS) of each training rank below ``root``, in MB."""
+    out = []
+    for pid in descendants(root):
+        try:
+            if _role(pid) != "worker":
+                continue
+            with open(f"/proc/{pid}/status") as f:
+                out += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:")]
+        except OSError:
+            pass
+    return out
+
+
 def tree_cpu_s(root: int) -> dict[str, float]:
     """On-CPU time of ``root`` and every process below it, all their threads, in seconds, by role;
     the workers' also by thread kind, under "worker/<kind>"."""
@@ -100,6 +128,8 @@ class Job:
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], on_line=None):
         self.name, self.points, self.tail, self.on_line = name, [], [], on_line
+        self.rss: list[float] = []       # the peak VmRSS of each rank seen so far (MB)
+        self.snap_ram_mb: float | None = None
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, start_new_session=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -111,6 +141,12 @@ class Job:
             m = STEP_LINE.search(line)
             if m:
                 self.points.append((time.monotonic(), int(m.group(1)), tree_cpu_s(self.proc.pid)))
+                if _sharded() and int(m.group(1)) % 5 == 0:
+                    rss = worker_rss_mb(self.proc.pid)
+                    self.rss = [max(a, b) for a, b in zip(self.rss, rss)] if len(rss) == len(self.rss) else rss
+            ram = SNAP_RAM.search(line)
+            if ram:
+                self.snap_ram_mb = float(ram.group(1))
             if self.on_line is not None:
                 self.on_line(line)
 
@@ -146,6 +182,8 @@ def commands(model: str, steps: int, port: int, observe: tuple[int, str] | None 
                      "--master-port", str(port), *script],
         "hotspare": [*hotspare, "--", *script],
     }
+    if _sharded():
+        out[NOSNAP] = out["hotspare"]
     if observe is not None:
         out[OBSERVED] = [*hotspare, "--metrics", f"127.0.0.1:{observe[0]}", "--events", observe[1],
                          "--dashboard", "127.0.0.1:0", "--", *script]
@@ -233,7 +271,8 @@ def one_round(model: str, steps: int, warmup: int, order: list[str], port: int, 
     metrics_port = free_port() if observe else 0
     cmds = commands(model, steps, port, (metrics_port, os.path.join(tmp, "events.jsonl")) if observe else None)
     viewer = Viewer() if observe else None
-    jobs = {n: Job(n, cmds[n], env, viewer if n == OBSERVED else None) for n in order if n in cmds}
+    envs = {n: {**env, "HOTSPARE_SNAPSHOT_EVERY": "0"} if n == NOSNAP else env for n in order}
+    jobs = {n: Job(n, cmds[n], envs[n], viewer if n == OBSERVED else None) for n in order if n in cmds}
     scraper = Scraper(metrics_port) if observe else None
     for job in jobs.values():
         code = job.wait(3600)
@@ -247,7 +286,10 @@ def one_round(model: str, steps: int, warmup: int, order: list[str], port: int, 
            "dashboard_records": viewer.stop() if viewer else None, "dashboard_error": viewer.error if viewer else None}
     for n, j in jobs.items():
         out[n], out[f"{n}_steps"] = per_step(j.points, start, end)
-    for n, base in (("hotspare", "torchrun"), (OBSERVED, "torchrun"), (OBSERVED, "hotspare")):
+        out[f"{n}_rss_mb"] = statistics.mean(j.rss) if j.rss else None
+        out[f"{n}_snap_ram_mb"] = j.snap_ram_mb
+    for n, base in (("hotspare", "torchrun"), (OBSERVED, "torchrun"), (OBSERVED, "hotspare"),
+                    (NOSNAP, "torchrun"), ("hotspare", NOSNAP)):
         if n in jobs:
             key = "" if (n, base) == ("hotspare", "torchrun") else f"{n}/{base}:"
             out[f"{key}ratio"] = out[n]["all"] / out[base]["all"]
@@ -259,7 +301,7 @@ def one_round(model: str, steps: int, warmup: int, order: list[str], port: int, 
 def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 10, say=print,
             observe: bool = False) -> dict:
     results = []
-    names = ["torchrun", "hotspare"] + ([OBSERVED] if observe else [])
+    names = ["torchrun", "hotspare"] + ([OBSERVED] if observe else []) + ([NOSNAP] if _sharded() else [])
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         res = one_round(model, steps, warmup, order, free_port(), observe)
@@ -279,6 +321,14 @@ def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 
                 f"{res[k + 'wall_ratio']:.4f}); {res['scrapes']} scrapes of /metrics, {res['dashboard_records']} "
                 f"records to the dashboard's viewer"
                 + (f" ({res['dashboard_error']})" if res["dashboard_error"] else ""))
+        if _sharded():
+            k, o = f"hotspare/{NOSNAP}:", res[NOSNAP]
+            say(f"      {NOSNAP} {1000 * o['all']:7.1f} ms: snapshots on / off {res[k + 'ratio']:.4f} (workers "
+                f"{res[k + 'workers_ratio']:.4f}, wall {res[k + 'wall_ratio']:.4f}); off / torchrun "
+                f"{res[NOSNAP + '/torchrun:ratio']:.4f}; workers' peak RSS per rank: torchrun "
+                f"{_mb(res['torchrun_rss_mb'])}, snapshots on {_mb(res['hotspare_rss_mb'])}, off "
+                f"{_mb(res[NOSNAP + '_rss_mb'])}; snapshots' host RAM per rank (runtime's count) "
+                f"{_mb(res['hotspare_snap_ram_mb'])}")
         kinds = sorted({k for k in (*t, *h) if k.startswith("worker/")}, key=lambda k: -h.get(k, 0.0))
         say("      workers' threads: " + ", ".join(
             f"{k[7:]} {1000 * t.get(k, 0.0):.1f} / {1000 * h.get(k, 0.0):.1f}" for k in kinds) + " ms")
@@ -292,6 +342,16 @@ def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 
            "workers_ratio_median": statistics.median(r["workers_ratio"] for r in results),
            "wall_ratio_median": statistics.median(r["wall_ratio"] for r in results),
            "launcher_extra_share": extra["launcher"], "spare_share": extra["spare"]}
+    if _sharded():
+        for key in (f"hotspare/{NOSNAP}:", f"{NOSNAP}/torchrun:"):
+            for what in ("ratio", "workers_ratio", "wall_ratio"):
+                out[f"{key}{what}_median"] = statistics.median(r[key + what] for r in results)
+            values = [r[key + "ratio"] for r in results]
+            out[f"{key}ratio_stdev"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        for n in ("torchrun", "hotspare", NOSNAP):
+            values = [r[f"{n}_rss_mb"] for r in results if r[f"{n}_rss_mb"] is not None]
+            out[f"{n}_rss_mb"] = statistics.median(values) if values else None
+        out["snap_ram_mb"] = results[0]["hotspare_snap_ram_mb"]
     if observe:
         for key in (f"{OBSERVED}/torchrun:", f"{OBSERVED}/hotspare:"):
             for what in ("ratio", "workers_ratio", "wall_ratio"):
@@ -317,13 +377,17 @@ def main() -> None:
     p.add_argument("--sharded", choices=("fsdp", "hsdp"),
                    help="run the example sharded (FSDP2, or 2 x 2 HSDP): hotspare's buddy snapshots and step gate "
                         "against torchrun's plain FSDP2 (docs/SHARDED.md)")
+    p.add_argument("--batch-size", type=int, help="the example's sequences per rank per step (its default: 8)")
     args = p.parse_args()
     SCRIPT_EXTRA[:] = [f"--{args.sharded}"] if args.sharded else []
+    if args.batch_size:
+        SCRIPT_EXTRA.extend(["--batch-size", str(args.batch_size)])
     if args.steps < args.warmup + 10:
         p.error(f"--steps must be at least --warmup + 10 = {args.warmup + 10}")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     watched = " and hotspare with metrics, events and dashboard" if args.observe else ""
+    watched += f" and hotspare with buddy snapshots off ({args.sharded})" if args.sharded else ""
     print(f"model {args.model}, torchrun and hotspare{watched} side by side, 4 ranks each (+1 spare), "
           f"{os.cpu_count()} cores", flush=True)
     res = measure(args.model, args.steps, args.rounds, args.warmup, observe=args.observe)
@@ -340,9 +404,22 @@ def main() -> None:
                   f"{res[k + 'wall_ratio_median']:.4f}")
         print(f"   the observed launcher beyond the plain one: {100 * res['observe_launcher_extra_share']:+.3f}% of "
               f"torchrun's CPU per step")
+    if args.sharded:
+        k = f"hotspare/{NOSNAP}:"
+        print(f"buddy snapshots on / off (hotspare both) CPU per step: median {res[k + 'ratio_median']:.4f} +- "
+              f"{res[k + 'ratio_stdev']:.4f} (sd); workers {res[k + 'workers_ratio_median']:.4f}; wall "
+              f"{res[k + 'wall_ratio_median']:.4f}   goal <= 1.02")
+        print(f"   snapshots off / torchrun: {res[NOSNAP + '/torchrun:ratio_median']:.4f}; workers' peak RSS per "
+              f"rank: torchrun {_mb(res['torchrun_rss_mb'])}, snapshots on {_mb(res['hotspare_rss_mb'])}, off "
+              f"{_mb(res[NOSNAP + '_rss_mb'])}; the snapshots' host RAM per rank as the runtime counts it "
+              f"{_mb(res['snap_ram_mb'])}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
+
+
+def _mb(v: float | None) -> str:
+    return "?" if v is None else f"{v:.1f} MB"
 
 
 if __name__ == "__main__":

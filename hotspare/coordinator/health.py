@@ -38,7 +38,7 @@ from hotspare.protocol.messages import Message, make
 EVENT_METRICS = (T.FINGERPRINT_MISMATCH, T.NONFINITE)   # one-off runtime events
 STRAGGLER_WINDOW = 10      # steps of compute time per rank behind one straggler score
 OPERATOR_POLL_S = 1.0      # operator commands are looked for in the registry this often
-RECORD_EVERY_S = 1.0       # readings reach the registry at most this often: one write for every node's polls
+RECORD_EVERY_S = 5.0       # readings reach the registry at most this often: one write (a whole file) for every node's polls
 
 
 class HealthMonitor:

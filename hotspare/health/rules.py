@@ -115,7 +115,13 @@ class Rule:
 
     def fires(self, history: Sequence[Reading], now: float, stale_after_s: float) -> str | None:
         """The rendered reason when the rule fires on ``history`` (oldest first) at ``now``, else None."""
-        positions = [k for k, r in enumerate(history) if not self.metrics.isdisjoint(r.metrics)]
+        positions: list[int] = []          # the last ``held`` readings that report its metrics, oldest first
+        for k in range(len(history) - 1, -1, -1):
+            if not self.metrics.isdisjoint(history[k].metrics):
+                positions.append(k)
+                if len(positions) == self.held:
+                    break
+        positions.reverse()
         if len(positions) < self.held:
             return None
         last = positions[-1]

@@ -101,6 +101,7 @@ class Listener:
         self._gone: dict[Channel, str] = {}       # taken out of pending by the reaper or an eviction: why
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._handshakes = threading.Event()    # set while a handshake may be pending: wakes the reaper
         self._refusals = _RateLog()
         self.evicted = 0                          # connections closed to make room, for tests and logs
         threading.Thread(target=self._accept_loop, name=name, daemon=True).start()
@@ -108,6 +109,7 @@ class Listener:
 
     def close(self) -> None:
         self._closed.set()
+        self._handshakes.set()
         try:
             self.server.shutdown(socket.SHUT_RDWR)     # wakes the blocked accept (Linux)
         except OSError:
@@ -151,6 +153,7 @@ class Listener:
                                       "waiting to prove themselves, this the oldest of the busiest address")
                 self.evicted += 1
             self._pending[ch] = (time.monotonic() + self.deadline_s, source)
+            self._handshakes.set()
         if victim is not None:
             victim.close()                      # its thread's read returns; it refuses
         try:
@@ -185,7 +188,15 @@ class Listener:
         self._handle(ch, hello)
 
     def _reap_loop(self) -> None:
-        while not self._closed.wait(min(0.5, self.deadline_s / 4)):
+        # Asleep while no handshake is pending (a job's links are made once: no wake-ups then).
+        while not self._closed.is_set():
+            self._handshakes.wait()
+            with self._lock:
+                if not self._pending:
+                    self._handshakes.clear()     # a later handshake sets it again, under this lock
+                    continue
+            if self._closed.wait(min(0.5, self.deadline_s / 4)):
+                break
             now = time.monotonic()
             with self._lock:                    # taken out of pending here: a handshake that ends
                 late = [ch for ch, (deadline, _) in self._pending.items() if deadline <= now]

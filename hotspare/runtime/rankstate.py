@@ -268,26 +268,32 @@ class GradState:
 
 
 class RowTable:
-    """Every rank's per-rank state, gathered at each step; the rows of the last two steps.
+    """Every rank's per-rank state at each step, kept where a source can read it; two steps of it.
 
-    Every gradient exchange gathers: ``begin`` starts the gather as a backward's reduction
-    starts (its forward is done), ``finish`` waits for it before any optimizer steps, so a rank
-    that applied step k holds every rank's row of step k as of the step's *last* exchange (a
-    step with two backward passes, a GAN's, gathers twice). A step with no exchange at all
-    gathers at its end (``close``). Which gathers run depends only on the program's path
-    through the step, the same on every rank: never on what one rank alone did (a rank-0-only
-    evaluation after the backward), so no rank ever waits in a gather its peers do not join.
+    A step with a gradient exchange stores its rows in the job's store: as a backward's reduction
+    starts (its forward is done), ``begin`` writes this rank's row to the launcher's store under
+    its rank and the step's parity, *before* the rank issues its first bucket's all-reduce. The
+    store answers a set only once it holds the value, and a bucket's all-reduce completes on a
+    rank only once every rank has issued it, so a rank whose exchange completed (and so any rank
+    that applied step k) knows that every rank's row of step k is in the store, without a
+    collective of its own: one point-to-point write per rank and step (``bench/rows_exchange.py``:
+    a tenth of the all-gather this replaced). A step with two backward passes (a GAN's) writes at
+    each; the row is then the state as its last exchange began. A step with no exchange at
+    all gathers its rows at its end (``close``, a collective every rank issues). Which of these
+    runs depends only on the program's path through the step, the same on every rank: never on
+    what one rank alone did (a rank-0-only evaluation after the backward). Without a store
+    (``begin(group, ...)`` alone: the sharded gate) the rows are all-gathered beside the buckets.
 
-    What a rank changes in its own state after its step's last exchange (random numbers drawn
-    by rank-0-only work after the backward, after the ``with step:`` block or between steps)
-    is published at the top of the next loop iteration (``publish_top``): that rank alone, only
-    when its state there differs from the row its peers hold, writes it to the job's store
-    (a point-to-point write, no collective: its peers need not know it changed anything), and
-    a source that recovers the rank starts it from that row (``start_rows``). ``close`` notices
-    the change on the rank that did it (``changed_after_exchange``, runtime/steps.py).
+    What a rank changes in its own state after its step's exchange (random numbers drawn by
+    rank-0-only work after the backward, after the ``with step:`` block or between steps) is
+    published at the top of the next loop iteration (``publish_top``): that rank alone, only
+    when its state there differs from the row it stored, writes it to the job's store too, and a
+    source that recovers the rank starts it from that row (``start_rows``). ``close`` notices the
+    change on the rank that did it (``changed_after_exchange``, runtime/steps.py).
 
-    The rows of the step before stay too: a rank whose step fails after the gather (a failed
-    vote) is still at that step, and may be the source."""
+    The rows of the step before stay too (the store keeps two steps per rank, by parity; a rank
+    may have begun step k+1 only once every rank's exchange of step k completed): a rank whose
+    step fails after the exchange (a failed vote) is still at that step, and may be the source."""
 
     def __init__(self, state: RankState) -> None:
         self.state = state
@@ -295,11 +301,18 @@ class RowTable:
         self._inflight: tuple[int, Any, torch.Tensor, torch.Tensor] | None = None  # (step, work, rows, own)
         self._own: tuple[int, torch.Tensor] | None = None    # (step, this rank's row) of its last exchange
         self.own_at_commit: torch.Tensor | None = None       # this rank's state as its last step committed
+        self._store: tuple[Any, int] | None = None           # (store, world) the rows were last written to
 
-    def begin(self, group: Any, world: int, step: int) -> None:
+    def begin(self, group: Any, world: int, step: int, store: Any = None, rank: int | None = None) -> None:
         if self._inflight is not None:
-            return      # a gather of this backward is running (two DDP models in one backward)
+            return      # this backward's rows are on their way (two DDP models in one backward)
         own = self.state.capture()
+        if store is not None and rank is not None:
+            # Before this rank's first bucket is issued: see the class's docstring.
+            store.set(_row_key(rank, step), _framed(step, own))
+            self._store = (store, world)
+            self._inflight = (step, None, None, own)
+            return
         wire, rows = _on_wire(group, own, world)
         self._inflight = (step, group.all_gather(rows, wire), rows, own)
 
@@ -313,8 +326,7 @@ class RowTable:
         held = self._own
         if held is not None and held[0] == step - 1 and held[1].numel() == own.numel() and torch.equal(held[1], own):
             return False
-        header = torch.tensor([step, own.numel()], dtype=torch.int64).view(torch.uint8)
-        store.set(_top_key(rank), torch.cat([header, own.cpu()]).numpy().tobytes())
+        store.set(_top_key(rank), _framed(step, own))
         return True
 
     def start_rows(self, step: int, store: Any = None, world: int = 0) -> torch.Tensor | None:
@@ -326,13 +338,9 @@ class RowTable:
             return rows
         rows = rows.clone().view(world, -1)
         for rank in range(world):
-            key = _top_key(rank)
-            if not store.check([key]):
-                continue
-            blob = torch.frombuffer(bytearray(store.get(key)), dtype=torch.uint8)
-            top, n = (int(v) for v in blob[:16].view(torch.int64))
-            if top == step + 1 and n == rows.shape[1] and blob.numel() == 16 + n:
-                rows[rank] = blob[16:]
+            top = _read_framed(store, _top_key(rank), step + 1, rows.shape[1])
+            if top is not None:
+                rows[rank] = top
         return rows.view(-1)
 
     def finish(self) -> None:
@@ -340,8 +348,9 @@ class RowTable:
         if inflight is None:
             return
         step, work, rows, own = inflight
-        work.wait()
-        self.keep(step, rows.cpu())
+        if work is not None:
+            work.wait()
+            self.keep(step, rows.cpu())
         self._own = (step, own)
 
     def close(self, group: Any, world: int, step: int) -> list[str]:
@@ -369,11 +378,41 @@ class RowTable:
         self._kept = [(s, r) for s, r in self._kept if s != step][-1:] + [(step, rows)]
 
     def rows_for(self, step: int) -> torch.Tensor | None:
-        return next((r for s, r in self._kept if s == step), None)
+        """Every rank's row of ``step``, flat: kept here (a gather, a restore), else read from the
+        store the rows were written to; None when some rank's row of that step is in neither."""
+        kept = next((r for s, r in self._kept if s == step), None)
+        if kept is not None or self._store is None or self._own is None:
+            return kept
+        store, world = self._store
+        n = self._own[1].numel()
+        rows = [_read_framed(store, _row_key(rank, step), step, n) for rank in range(world)]
+        return None if any(r is None for r in rows) else torch.cat(rows)
 
 
 def _top_key(rank: int) -> str:
     return f"hotspare/top/{rank}"
+
+
+def _row_key(rank: int, step: int) -> str:
+    return f"hotspare/row/{rank}/{step % 2}"
+
+
+def _framed(step: int, own: torch.Tensor) -> bytes:
+    """A row as the store holds it: its step and length (int64 each), then its bytes."""
+    header = torch.tensor([step, own.numel()], dtype=torch.int64).view(torch.uint8)
+    return torch.cat([header, own.cpu()]).numpy().tobytes()
+
+
+def _read_framed(store: Any, key: str, step: int, n: int) -> torch.Tensor | None:
+    """The row under ``key`` if it is of ``step`` and ``n`` bytes long (else None: not there,
+    older, or of another layout)."""
+    if not store.check([key]):
+        return None
+    blob = torch.frombuffer(bytearray(store.get(key)), dtype=torch.uint8)
+    if blob.numel() < 16:
+        return None
+    held, size = (int(v) for v in blob[:16].view(torch.int64))
+    return blob[16:] if held == step and size == n and blob.numel() == 16 + n else None
 
 
 def _on_wire(group: Any, own: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor]:

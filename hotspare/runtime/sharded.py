@@ -9,26 +9,26 @@ The script is torch's own FSDP2 code over hotspare's mesh::
     opt = torch.optim.AdamW(model.parameters(), ...)
     job.track(model=model, optimizer=opt, scheduler=sched)
 
-Every step (``with step:``), on every rank:
+Every step (``with step:``), on every rank (docs/SHARDED.md):
 
-1. As the step's first forward through a tracked FSDP root begins, this rank's shards (the
-   local tensors of the model and the optimizer state: the state after the last update, which
-   does not change before this step's ``optimizer.step()``) are packed and sent to its buddy
-   in a thread, overlapped with forward and backward; the rank receives its predecessor's.
+1. As the step's first forward through a tracked FSDP root begins: the pause vote of a live
+   migration starts (sharded/pause.py); and when a snapshot is due (every
+   ``HOTSPARE_SNAPSHOT_EVERY`` steps, default 8), this rank's shards (the local tensors of the
+   model and the optimizer state: the state after the last update, unchanged until this step's
+   ``optimizer.step()``) are packed and sent to its buddy in a thread, overlapped with forward
+   and backward; the rank receives its predecessor's.
 2. The gate, just before ``optimizer.step()`` (the gradients are reduced and clipped): wait for
-   both transfers; send the buddy the step's final gradient shards and the optimizer's
-   hyperparameters (the *log*); receive the predecessor's; then gather every rank's per-rank
-   row (runtime/rankstate.py), as DDP's exchange does. A rank steps only once that gather is
-   complete, hence only once every rank's buddy holds its state of step k-1 and its log of
-   step k: whatever a failure leaves behind, every rank's shard at the survivors' step is in
-   memory. This is the commit rule of runtime/steps.py, unchanged: a collective that fails
-   fails the step, on every rank, before any optimizer steps.
+   a snapshot in flight; send the buddy the step's final gradient shards and the optimizer's
+   hyperparameters (the *log*); receive the predecessor's; judge the pause vote; then gather
+   every rank's per-rank row (runtime/rankstate.py), as DDP's exchange does. A rank steps only
+   once that gather is complete, hence only once every rank's buddy holds a snapshot of some
+   step s and the logs of s+1 .. k: whatever a failure leaves behind, every rank's shard at
+   the survivors' step is in memory. This is the commit rule of runtime/steps.py, unchanged.
 3. After a failure, the new generation's state sync (runtime/statesync.py) brings the
-   replicated parts (scheduler, optimizer hyperparameters, step counters, per-rank rows) to the
-   survivors' step T; then ``after_sync`` gathers every rank's status and carries out
-   ``sharded.plan.plan_restore``: a rank whose shard is not at T receives its buddy's copy and
-   loads it, replaying step T's optimizer update from the log when the copy is of T-1. Nothing
-   rolls back; no step is repeated.
+   replicated parts to the survivors' step T; then ``after_sync`` gathers every rank's status
+   and carries out ``sharded.plan.plan_restore``: a rank whose shard is not at T receives its
+   buddy's copy and loads it, replaying the logged optimizer updates from the snapshot's step
+   to T (sharded/replay.py). Nothing rolls back; no step is repeated.
 """
 from __future__ import annotations
 
@@ -42,14 +42,17 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from hotspare.errors import ConfigError, PeerFailure, StateMismatch
+from hotspare.runtime.phase import PauseAgreed
 from hotspare.sharded import fallback, memory
+from hotspare.sharded import replay as rp
+from hotspare.sharded.fsdpreset import reset_fsdp
 from hotspare.sharded.mesh import ShardedMesh
+from hotspare.sharded.pause import PauseVote
 from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride
 from hotspare.transfer import buddy as wire
-from hotspare.transfer.buddy import BuddyStore, Packet
+from hotspare.transfer.buddy import BuddyStore, Buffers, Packet
 
 # The job (runtime/job.py ``Job``) that creates this runtime: typed loosely so the import goes
 # one way (job.py imports this module).
@@ -57,6 +60,22 @@ Job = Any
 
 THREAD_JOIN_S = 30.0
 ENV_STRIDE = "HOTSPARE_BUDDY_STRIDE"
+ENV_EVERY = "HOTSPARE_SNAPSHOT_EVERY"
+DEFAULT_EVERY = 8     # steps between buddy snapshots (the logs of every step fill the gaps)
+
+
+def snapshot_every(env=os.environ) -> int:
+    """``HOTSPARE_SNAPSHOT_EVERY``: a buddy snapshot every this many steps (default 8); 0: none
+    at all, no logs either (a lost shard then comes only from an HSDP replica; for measuring
+    what the snapshots cost)."""
+    raw = env.get(ENV_EVERY, "").strip()
+    try:
+        every = int(raw) if raw else DEFAULT_EVERY
+    except ValueError:
+        every = -1
+    if every < 0:
+        raise ConfigError(f"{ENV_EVERY}={raw!r}: a number of steps (0: no buddy snapshots)")
+    return every
 
 
 class _Transfer(threading.Thread):
@@ -87,7 +106,10 @@ class _Transfer(threading.Thread):
 class ShardedRuntime:
     def __init__(self, job: Job, shape: tuple[int, ...], names: tuple[str, ...]):
         self.job = job
-        self.store = BuddyStore()
+        self.every = snapshot_every() if job.managed else 0
+        self.store = BuddyStore(keep=self.every + 2)     # a snapshot, its logs, one in flight
+        self._out = Buffers(2)                           # what this rank packs: a snapshot, a log
+        self._sent = NONE                                # the step of the last snapshot every rank sent
         self._replaying = False
         self._prepared = False
         self._optimizer: torch.optim.Optimizer | None = None
@@ -108,6 +130,8 @@ class ShardedRuntime:
             if m.world_size > 1:
                 self.buddy = buddy_of(m.rank, m.world_size, self.stride)
                 self.pred = buddy_of(m.rank, m.world_size, m.world_size - self.stride)
+            self.pause = PauseVote(lambda: job.driver.state.pause_gen == job.members.generation,
+                                   lambda step: job.driver.handle(PauseAgreed(step)))
             m.before_sync.append(self.before_sync)
             m.after_sync.append(self.after_sync)
             register_optimizer_step_pre_hook(self._gate)
@@ -163,8 +187,24 @@ class ShardedRuntime:
         step = self.job.protocol.current
         if self.mesh is None or step is None or self._replaying or self.job.members.world_size < 2:
             return
-        if self._sending is None or self._sending[0] != step:
+        self._start_vote(step)
+        if self._snapshot_due(step):
             self._start_snapshot(step)
+
+    def _snapshot_due(self, step: int) -> bool:
+        """A snapshot of step - 1 goes out at ``step``, the same decision on every rank: once
+        ``every`` steps have committed since the last one (the generation's first exchange is one)."""
+        return (bool(self.every) and step - 1 - self._sent >= self.every
+                and (self._sending is None or self._sending[0] != step))
+
+    def _start_vote(self, step: int) -> None:
+        m = self.job.members
+        try:
+            m.check()
+            self.pause.start(step, m.group, m.world_size, m.rank)
+        except Exception as e:
+            self.job.collectives.note(e)
+            raise
 
     def _start_snapshot(self, step: int) -> None:
         shards = self._shards()             # references, taken on the training thread
@@ -174,9 +214,19 @@ class ShardedRuntime:
         except Exception as e:
             self.job.collectives.note(e)
             raise
-        send = _Transfer(lambda: wire.send(wire.pack("state", applied, shards), self.buddy, group))
-        recv = _Transfer(wire.recv, self.pred, group)
+        send = _Transfer(self._send_snapshot, applied, shards, group)
+        recv = _Transfer(self._recv_snapshot, group)
         self._sending = (step, send, recv)
+
+    def _send_snapshot(self, step: int, shards, group) -> None:
+        packet = wire.pack("state", step, shards, buffers=self._out)
+        wire.send(packet, self.buddy, group)
+        self._out.give(packet.data)
+
+    def _recv_snapshot(self, group) -> Packet:
+        packet = wire.recv(self.pred, group, self.store.buffers)
+        packet.verify()          # here, off the training thread
+        return packet
 
     # ------------------------------------------------------------------ 2. the gate
     def _gate(self, opt, args, kwargs) -> None:
@@ -188,42 +238,47 @@ class ShardedRuntime:
         try:
             m.check()
             if m.world_size > 1:
-                if self._sending is None or self._sending[0] != step:
-                    self._start_snapshot(step)
-                _, send, recv = self._sending
-                self._sending = None
-                send.outcome()
-                state: Packet = recv.outcome()
-                log = wire.pack("log", step, self._grads(opt), {"groups": _hyper(opt), "none": self._none(opt)})
-                group = self.mesh.buddy_group()
-                out = _Transfer(wire.send, log, self.buddy, group)
-                pred_log = wire.recv(self.pred, group)
-                out.outcome()
-                self.store.confirm(self.pred, state, pred_log)
+                self._start_vote(step)          # a step whose forward did not start it
+                if self.every:
+                    self._buddy_gate(step, opt)
+                self.pause.judge(step)          # a live migration leaves once this step is committed
             p.rows.begin(m.group, m.world_size, step)
             p.rows.finish()
         except Exception as e:
             p.collectives.note(e)
             raise PeerFailure(f"sharded step gate: {type(e).__name__}: {e}"[:300]) from e
 
-    @staticmethod
-    def _grads(opt) -> list[tuple[tuple, torch.Tensor]]:
-        out = []
-        for i, prm in enumerate(q for g in opt.param_groups for q in g["params"]):
-            if prm.grad is not None:
-                g = prm.grad
-                out.append((("grad", i), g.to_local() if isinstance(g, DTensor) else g))
-        return out
-
-    @staticmethod
-    def _none(opt) -> list[int]:
-        return [i for i, prm in enumerate(q for g in opt.param_groups for q in g["params"]) if prm.grad is None]
+    def _buddy_gate(self, step: int, opt) -> None:
+        """The snapshot started this step (if one is due) is waited for and kept; this step's log
+        goes to the buddy and the predecessor's is kept on top of its snapshot."""
+        if self._snapshot_due(step):
+            self._start_snapshot(step)
+        sending = self._sending
+        if sending is not None and sending[0] == step:
+            self._sending = None
+            _, send, recv = sending
+            send.outcome()
+            self.store.keep_state(self.pred, recv.outcome())
+            self._sent = step - 1
+        log = wire.pack("log", step, rp.grads(opt), {"groups": rp.hyper(opt), "none": rp.none_grads(opt)},
+                        buffers=self._out)
+        group = self.mesh.buddy_group()
+        out = _Transfer(wire.send, log, self.buddy, group)
+        pred_log = wire.recv(self.pred, group, self.store.buffers)
+        out.outcome()
+        self._out.give(log.data)
+        self.store.add_log(self.pred, pred_log)
+        if not self._said_memory and self.job.rank == 0 and opt.state:     # the optimizer's state exists
+            self._said_memory = True
+            self._say_memory(sum(t.numel() * t.element_size() for _, t in self._shards()))
 
     # ------------------------------------------------------------------ 3. after a failure
     def after_failure(self) -> None:
         """The generation is torn down: finish the buddy transfers in flight (a snapshot that
         arrived whole is kept as ``fresh``), and put FSDP's per-iteration state back."""
         sending, self._sending = self._sending, None
+        if self.mesh is not None:
+            self.pause.drop()
         if sending is not None:
             _, send, recv = sending
             for t in (send, recv):
@@ -242,7 +297,7 @@ class ShardedRuntime:
         for name in self.job.registry.sharded:
             obj = self.job.registry.objects()[name]
             if isinstance(obj, FSDPModule) and obj._get_fsdp_state()._is_root is not None:  # never run: nothing to reset
-                _reset_fsdp(obj)
+                reset_fsdp(obj)
 
     def before_sync(self, msg: dict[str, Any]) -> None:
         """The replicated sync writes the source's tensors into a receiver's, shards included (it
@@ -291,6 +346,8 @@ class ShardedRuntime:
         receivers = set(msg.get("receivers") or [])
         if m.rank in receivers:
             own = self._unstash()
+        elif msg.get("handoff") and not self._own_valid:
+            own = self._handed_over(target)
         else:
             own = target if self._own_valid else NONE
         owner = self.store.owner if self.store.owner is not None else NONE
@@ -309,43 +366,72 @@ class ShardedRuntime:
                 state = (wire.pack("state", target, self._shards()) if src.kind == "replica"
                          else self.store.fresh if src.kind == "fresh" else self.store.state)
                 wire.send(state, src.rank, group)
-                if src.replay:
-                    wire.send(self.store.log, src.rank, group)
+                for log in self.store.logs_to(target) if src.replay else ():
+                    wire.send(log, src.rank, group)
             elif m.rank == src.rank:
                 state = wire.recv(src.holder, group)
-                log = wire.recv(src.holder, group) if src.replay else None
-                self._load(state, log, target)
+                logs = [wire.recv(src.holder, group) for _ in range(target - src.snap_step)] if src.replay else []
+                self._load(state, logs, target)
                 self._own_valid = True
-                nbytes = state.nbytes + (log.nbytes if log else 0)
+                nbytes = state.nbytes + sum(g.nbytes for g in logs)
                 self.restores.append({"step": target, "source": src.kind, "from_rank": src.holder,
-                                      "snapshot_step": state.step, "bytes": nbytes})
-                what = ("its live replica" if src.kind == "replica" else
-                        f"the snapshot of step {state.step}" + (f" + the log of step {log.step}, replayed" if log else ""))
-                print(f"hotspare: rank {m.rank}: shard of step {target} restored from rank {src.holder}: {what} "
-                      f"({nbytes} bytes, sha256 checked)", file=sys.stderr, flush=True)
+                                      "snapshot_step": state.step, "logs": len(logs), "bytes": nbytes})
+                print(f"hotspare: rank {m.rank}: shard of step {target} restored from rank {src.holder}: "
+                      f"{_what(src.kind, state, logs)} ({nbytes} bytes, crc32 checked)", file=sys.stderr, flush=True)
         m.restored = fallback.sources(self, target)    # the report's words
         self._exchange_snapshots(target)
+
+    def _handed_over(self, target: int) -> int:
+        """This worker took its rank in a live migration: the migrating rank sent it its own
+        state of ``target`` directly (runtime/membership.py ``handoff``), shards included."""
+        self._own_valid = True
+        nbytes = sum(t.numel() * t.element_size() for _, t in self._shards())
+        self.restores.append({"step": target, "source": "own memory", "from_rank": self.job.members.rank,
+                              "snapshot_step": target, "bytes": nbytes})
+        print(f"hotspare: rank {self.job.members.rank}: shard of step {target} handed over from the migrating "
+              f"rank's own memory ({nbytes} bytes of shards, live migration)", file=sys.stderr, flush=True)
+        return target
 
     def _exchange_snapshots(self, step: int) -> None:
         """Every rank's shard of ``step`` to its buddy, now (a generation begins: the buddies of
         the first generation and of restored ranks hold nothing or an older copy)."""
+        if not self.every:
+            return
+        self._sent = step
         group = self.mesh.buddy_group()
-        mine = wire.pack("state", step, self._shards())
+        mine = wire.pack("state", step, self._shards(), buffers=self._out)
         out = _Transfer(wire.send, mine, self.buddy, group)
-        got = wire.recv(self.pred, group)
+        got = wire.recv(self.pred, group, self.store.buffers)
         out.outcome()
-        self.store.confirm(self.pred, got, None)
-        reg = self.job.registry        # the host RAM the snapshots take: said, and refused before step 0
-        self._said_memory |= memory.check(self.job.members.group, self.job.rank, self.job.world_size, mine.nbytes,
-                                          memory.log_bytes(o for n, o in reg.objects().items() if n in reg.sharded
-                                                           and isinstance(o, torch.nn.Module)),
-                                          self.stride, say=not self._said_memory,
-                                          before_first_step=step < 0 or self.job.generation == 1)
+        nbytes = mine.nbytes
+        self._out.give(mine.data)
+        self.store.keep_state(self.pred, got)
+        reg = self.job.registry        # the host RAM the snapshots take: refused before step 0 if it cannot fit
+        memory.check(self.job.members.group, self.job.rank, self.job.world_size, nbytes,
+                     memory.log_bytes(o for n, o in reg.objects().items() if n in reg.sharded
+                                      and isinstance(o, torch.nn.Module)),
+                     self.stride, self.every, say=self.job.generation == 1 and step < 0,
+                     before_first_step=step < 0 or self.job.generation == 1)
 
-    def _load(self, state: Packet, log: Packet | None, target: int) -> None:
+    def _say_memory(self, shard: int) -> None:
+        opt = self._optimizer
+        grads = sum(q.to_local().numel() * q.element_size() if hasattr(q, "to_local") else q.numel() * q.element_size()
+                    for q in rp.params_of(opt)) if opt is not None else 0
+        # kept for the predecessor: its snapshot, one arriving, `every` logs and one arriving;
+        # packed by this rank: its own snapshot and log (buffers reused)
+        total = 3 * shard + (self.every + 2) * grads
+        print(f"hotspare: sharded job: rank 0's shard (parameters and optimizer state) is {shard / 2**20:.2f} MB, "
+              f"its gradient log {grads / 2**20:.2f} MB; a buddy snapshot every {self.every} steps "
+              f"({ENV_EVERY}), a log every step: about {total / 2**20:.2f} MB of host RAM per rank",
+              file=sys.stderr, flush=True)
+
+    def _load(self, state: Packet, logs: list[Packet], target: int) -> None:
         state.verify()
-        if log is not None:
+        for log in logs:
             log.verify()
+        if [g.step for g in logs] != list(range(state.step + 1, target + 1)) or (not logs and state.step != target):
+            raise StateMismatch(f"buddy snapshot of step {state.step} with logs {[g.step for g in logs]}: "
+                                f"not a run to step {target}")
         live = dict(self._shards())
         got = state.tensors()
         opt = self._optimizer
@@ -364,33 +450,11 @@ class ShardedRuntime:
                     raise StateMismatch(f"buddy snapshot {'/'.join(map(str, path))}: {t.dtype} {list(t.shape)} "
                                         f"does not fit {dst.dtype} {list(dst.shape)}")
                 dst.copy_(t)
-        if log is not None:
-            self._replay(log)
+        if logs:
+            rp.replay(self._optimizer, logs, self._set_replaying)   # steps state.step + 1 .. target, again
 
-    def _replay(self, log: Packet) -> None:
-        """Step ``log.step``'s optimizer update, again, from its final gradients and hyperparameters:
-        the same optimizer on the same shard with the same inputs gives the same bits."""
-        opt = self._optimizer
-        params = [q for g in opt.param_groups for q in g["params"]]
-        grads = {path[1]: t for path, t in log.tensors()}
-        before = [q.grad for q in params]
-        saved = _hyper(opt)
-        try:
-            _set_hyper(opt, log.extra["groups"])
-            for i, q in enumerate(params):
-                if i in grads:
-                    g = torch.zeros_like(q)
-                    (g.to_local() if isinstance(g, DTensor) else g).copy_(grads[i])
-                    q.grad = g
-                else:
-                    q.grad = None
-            self._replaying = True
-            opt.step()
-        finally:
-            self._replaying = False
-            _set_hyper(opt, saved)
-            for q, g in zip(params, before):
-                q.grad = g
+    def _set_replaying(self, on: bool) -> None:
+        self._replaying = on
 
     # ------------------------------------------------------------------ the job's digest
     def compute_digest(self) -> str:
@@ -418,51 +482,13 @@ class ShardedRuntime:
         return self.store.nbytes()
 
 
-def _jsonable(v: Any) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str)) or (
-        isinstance(v, (list, tuple)) and all(_jsonable(x) for x in v))
+def _what(kind: str, state: Packet, logs: list[Packet]) -> str:
+    if kind == "replica":
+        return "its live replica"
+    if not logs:
+        return f"the snapshot of step {state.step}"
+    steps = f"the log of step {logs[0].step}" if len(logs) == 1 else f"the logs of steps {logs[0].step}-{logs[-1].step}"
+    return f"the snapshot of step {state.step} + {steps}, replayed"
 
 
-def _hyper(opt) -> list[dict[str, Any]]:
-    return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params" and _jsonable(v)}
-            for g in opt.param_groups]
-
-
-def _set_hyper(opt, groups: list[dict[str, Any]]) -> None:
-    if len(groups) != len(opt.param_groups):
-        raise StateMismatch("a gradient log's parameter groups differ from the optimizer's")
-    for g, vals in zip(opt.param_groups, groups):
-        for k, v in vals.items():
-            g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
-
-
-def _reset_fsdp(module) -> None:
-    """FSDP2's own recovery after a failed forward/backward (torch 2.13 ``reset_iter_state``).
-    It waits for the all-gather in flight, whose group is aborted by now: its error is
-    expected; the wait is then dropped and the reset run again."""
-    for _ in range(8):
-        try:
-            module.reset_iter_state()
-            break
-        except Exception:       # noqa: BLE001 - the aborted generation's collective
-            state = module._get_fsdp_state()
-            ctx = state._comm_ctx
-            ctx.all_gather_state = None
-            for s in state._state_ctx.all_states:
-                for pg in s._fsdp_param_groups:
-                    pg._all_gather_result = None
-    else:
-        module.reset_iter_state()
-    # reset_iter_state leaves the gradients autograd wrote into unsharded parameters before the
-    # backward failed (a param group whose post-backward never ran): the re-run's backward would
-    # add to them. Found by HSDP's failover test (a survivor's backward stopped in the
-    # replicate all-reduce): drop them.
-    for s in module._get_fsdp_state()._state_ctx.all_states:
-        for pg in s._fsdp_param_groups:
-            for fp in pg.fsdp_params:
-                if hasattr(fp, "_unsharded_param"):
-                    fp._unsharded_param.grad = None
-                fp.unsharded_accumulated_grad = None
-
-
-__all__ = ["ShardedRuntime"]
+__all__ = ["ShardedRuntime", "snapshot_every"]

@@ -216,8 +216,8 @@ class StepProtocol:
             return PeerFailure(f"generation {m.generation} was aborted")
         try:
             if index == 0 and self.current is not None:
-                # every rank's per-rank state, gathered beside the buckets
-                self.rows.begin(m.group, m.world_size, self.current)
+                # this rank's per-rank state, to the job's store before its first bucket
+                self.rows.begin(m.group, m.world_size, self.current, store=m.store, rank=m.rank)
             flat = buf.view(-1)
             self.hooks.bucket(flat)
             # Scale by 1/world (DDP's own arithmetic, so the result is bitwise equal to plain

@@ -69,7 +69,8 @@ def checked_plan(rt: Runtime, status: list[BuddyStatus], target: int,
             if flag == BAD_FRESH:
                 what, status[h] = f"snapshot of step {st.fresh_step}", dataclasses.replace(st, fresh_step=NONE)
             elif flag == BAD_HELD:
-                what = f"snapshot of step {st.snap_step}" + (f" or its log of step {st.log_step}" if st.log_step != NONE else "")
+                what = f"snapshot of step {st.snap_step}" + (f" or its logs up to step {st.log_step}"
+                                                             if st.log_step != NONE else "")
                 status[h] = dataclasses.replace(st, snap_step=NONE, log_step=NONE, fresh_step=NONE)
             else:
                 continue
@@ -90,15 +91,15 @@ def _verify_mine(rt: Runtime, plan: list[Source]) -> int:
                 store.fresh.verify()
             else:
                 store.state.verify()
-                if src.replay:
-                    store.log.verify()
+                for log in store.logs_to(rt.job.progress.committed) if src.replay else ():
+                    log.verify()
         except StateMismatch as e:      # transfer/buddy.py BadPacket
             print(f"hotspare: rank {me}: {e} (held for rank {src.rank}): the next source is used",
                   file=sys.stderr, flush=True)
             if src.kind == "fresh":
                 store.fresh = None
                 return BAD_FRESH
-            store.state = store.log = store.fresh = None
+            store.clear()
             return BAD_HELD
     return 0
 
@@ -115,11 +116,12 @@ _WHY = {
     "replica": "a live replica of the same shard (HSDP's replicate dimension) is at step {target}",
     "fresh": "no live replica of the shard; its buddy rank {holder} received its snapshot of step {target}",
     "snapshot": "no live replica of the shard; its buddy rank {holder} holds its snapshot of step {target}",
-    "replay": ("no live replica of the shard, and it was lost before it sent its snapshot of step {target}: "
-               "its buddy rank {holder} holds the snapshot of step {prev} and the log of step {target}, replayed"),
+    "replay": ("no live replica of the shard, and no snapshot of step {target}: its buddy rank {holder} holds "
+               "its snapshot of step {snap} and the gradient logs of steps {first}..{target}, replayed"),
+    "own memory": "live migration: the migrating rank handed its own shard of step {target} over",
 }
 _SOURCE = {"replica": "HSDP replica", "fresh": "buddy snapshot", "snapshot": "buddy snapshot",
-           "replay": "buddy snapshot + log"}
+           "replay": "buddy snapshot + log", "own memory": "the rank's own memory"}
 
 
 def sources(rt: Runtime, target: int) -> list[dict[str, Any]]:
@@ -132,7 +134,8 @@ def sources(rt: Runtime, target: int) -> list[dict[str, Any]]:
         kind, holder = r["source"], r.get("from_rank")
         out.append({"rank": rank, "step": target, "source": _SOURCE[kind], "from_rank": holder,
                     "snapshot_step": r.get("snapshot_step"), "bytes": r.get("bytes"),
-                    "why": _WHY[kind].format(target=target, holder=holder, prev=target - 1)
+                    "why": _WHY[kind].format(target=target, holder=holder, snap=r.get("snapshot_step"),
+                                             first=(r.get("snapshot_step") or 0) + 1)
                     + (f" ({note})" if note else "")})
     return out
 

@@ -1,11 +1,11 @@
 """How much host RAM a sharded job's buddy snapshots take, and whether they fit.
 
-Rank r keeps its predecessor p's copies (runtime/sharded.py, transfer/buddy.py): the confirmed
-snapshot of p's shard (parameters and optimizer state), the newer one arriving during a step,
-and p's gradient log (one gradient per parameter of the shard); it also packs its own outgoing
-snapshot. At its peak a rank holds::
+Rank r keeps its predecessor p's copies (runtime/sharded.py, transfer/buddy.py): p's snapshot
+(parameters and optimizer state, taken every ``every`` steps, ``HOTSPARE_SNAPSHOT_EVERY``), one
+arriving, and p's gradient logs since that snapshot (one per step, up to ``every``) and one
+arriving; it also packs its own snapshot and log. At its peak a rank holds::
 
-    2 x shard(p) + log(p) + shard(r)
+    2 x shard(p) + shard(r) + (every + 1) x log(p) + log(r)
 
 (``need``). The ranks of one host hold theirs in that host's RAM, next to the training itself.
 
@@ -65,18 +65,20 @@ class MemoryPlan:
         first, used, avail = self.hosts[top]
         where = (f"; {used / MiB:.2f} MiB on host {top} (ranks from {first}), of {avail / MiB:.1f} MiB available"
                  if avail >= 0 else "")
-        return (f"sharded job: rank 0's shard (parameters and optimizer state) is {shard0 / MiB:.2f} MiB; buddy "
-                f"snapshots take up to {max(self.need) / MiB:.2f} MiB of host RAM per rank (2 copies of its "
-                f"predecessor's shard, its gradient log, and its own outgoing copy){where}")
+        return (f"sharded job, before step 0: rank 0's shard is {shard0 / MiB:.2f} MiB (the optimizer's state, made "
+                f"by its first step, not counted yet); buddy snapshots take up to {max(self.need) / MiB:.2f} MiB of "
+                f"host RAM per rank (2 copies of its predecessor's shard, its gradient logs, its own outgoing "
+                f"copies){where}")
 
 
-def plan(shard: list[int], log: list[int], avail: list[int], per_host: int, stride: int) -> MemoryPlan:
+def plan(shard: list[int], log: list[int], avail: list[int], per_host: int, stride: int, every: int = 1) -> MemoryPlan:
     """The bytes each rank and each host holds for the buddy snapshots, and whether they fit.
     ``shard``/``log``/``avail``: every rank's shard bytes, gradient-log bytes and its host's
     available RAM (-1: unknown); the predecessor of r is ``r - stride``."""
     world = len(shard)
     per_host = per_host if 0 < per_host <= world and world % per_host == 0 else world
-    need = [2 * shard[(r - stride) % world] + log[(r - stride) % world] + shard[r] for r in range(world)]
+    need = [2 * shard[(r - stride) % world] + shard[r] + (every + 1) * log[(r - stride) % world] + log[r]
+            for r in range(world)]
     hosts, refusal = [], None
     for first in range(0, world, per_host):
         ranks = range(first, first + per_host)
@@ -93,7 +95,7 @@ def plan(shard: list[int], log: list[int], avail: list[int], per_host: int, stri
     return MemoryPlan(need, hosts, refusal)
 
 
-def check(group, rank: int, world: int, shard_bytes: int, log_bytes: int, stride: int, *,
+def check(group, rank: int, world: int, shard_bytes: int, log_bytes: int, stride: int, every: int, *,
           say: bool, before_first_step: bool) -> bool:
     """Every rank of a generation, at its snapshot exchange (a collective: all or none): gather
     the sizes, print the cost on rank 0 when ``say``, and raise ``HostMemoryError`` before the
@@ -104,7 +106,7 @@ def check(group, rank: int, world: int, shard_bytes: int, log_bytes: int, stride
     group.all_gather(rows, mine).wait()
     table = rows.view(world, 3).tolist()
     per_host = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    p = plan([t[0] for t in table], [t[1] for t in table], [t[2] for t in table], per_host, stride)
+    p = plan([t[0] for t in table], [t[1] for t in table], [t[2] for t in table], per_host, stride, every)
     if say and rank == 0:
         print(f"hotspare: {p.summary(table[0][0])}", file=sys.stderr, flush=True)
     if p.refusal is not None and before_first_step:

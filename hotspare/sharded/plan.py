@@ -2,13 +2,13 @@
 comes from after a failure. No torch, no sockets: the runtime gathers every rank's status,
 calls ``plan_restore``, and carries out what it returns on every rank alike.
 
-A rank's *buddy* keeps the rank's last committed shards (``BuddyStatus``):
-``snap_step`` = the step of the state snapshot it holds (the state after that step's optimizer
-update), and ``log_step`` = the step whose final gradients (and optimizer hyperparameters) it
-holds on top of that snapshot, or -2. A rank is brought to the target step T from its own memory
-when its shard is already at T, else from its buddy: the snapshot of T, or the snapshot of T-1
-plus the log of step T, replayed on the restored rank (the same optimizer, the same
-gradients: the same bits).
+A rank's *buddy* keeps the rank's committed shards (``BuddyStatus``): ``snap_step`` = the step
+of the state snapshot it holds (the state after that step's optimizer update; a snapshot is
+taken every few steps), and ``log_step`` = the last step whose final gradients (and optimizer
+hyperparameters) it holds, the logs of every step from ``snap_step + 1`` to it, or -2. A rank is
+brought to the target step T from its own memory when its shard is already at T, else from its
+buddy: the snapshot of T, or an older snapshot of step s plus the logs of steps s+1 .. T,
+replayed in order on the restored rank (the same optimizer, the same gradients: the same bits).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class BuddyStatus:
     own_step: int      # the step this rank's own shard is at, or NONE (a spare; or overwritten)
     held_for: int      # the rank whose snapshot this rank holds (its predecessor), or NONE
     snap_step: int     # the step of that snapshot, or NONE
-    log_step: int      # the step of the gradient log on top of it, or NONE
+    log_step: int      # the last step of the gradient logs on top of it (a run from snap_step + 1), or NONE
     fresh_step: int = NONE   # a newer snapshot that arrived after the last gate, or NONE
 
     def row(self) -> list[int]:
@@ -51,7 +51,8 @@ class Source:
     rank: int          # the rank to restore
     holder: int        # the rank that sends it its shard
     kind: str          # "replica": the holder's own live shard (HSDP); "fresh" / "snapshot": the
-                       # holder's copy of the target step; "replay": its copy of target-1 + the log
+                       # holder's copy of the target step; "replay": its snapshot of snap_step + the
+                       # logs of snap_step + 1 .. target
     snap_step: int
 
     @property
@@ -86,11 +87,12 @@ def plan_restore(status: list[BuddyStatus], target: int, stride: int,
             out.append(Source(rank, holder, "fresh", target))
         elif h.snap_step == target:
             out.append(Source(rank, holder, "snapshot", target))
-        elif h.snap_step == target - 1 and h.log_step == target:
-            out.append(Source(rank, holder, "replay", target - 1))
+        elif h.snap_step < target <= h.log_step:
+            out.append(Source(rank, holder, "replay", h.snap_step))
         else:
             return [], (f"rank {rank}'s buddy rank {holder} holds its snapshot of step {h.snap_step} "
-                        f"(log {h.log_step}), not of step {target} or {target - 1} with the log of {target}")
+                        f"(logs up to {h.log_step}), not of step {target} nor an older one with the logs "
+                        f"up to {target}")
     return out, None
 
 

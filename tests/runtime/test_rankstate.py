@@ -144,3 +144,38 @@ def test_a_rank_publishes_its_top_row_only_when_it_changed_after_its_exchange():
     assert not torch.equal(table.start_rows(4, store, world), table.rows_for(4))
     table.keep(5, own.repeat(world))
     assert torch.equal(table.start_rows(5, store, world), table.rows_for(5))
+
+
+def test_rows_written_to_the_store_before_the_exchange_are_every_ranks_rows_of_that_step():
+    """RowTable.begin with a store: each rank writes its row of step k under its rank and k's
+    parity, no collective; ``rows_for(k)`` (a source restoring step k) reads every rank's row of
+    k, keeps the step before (a failed vote leaves a rank there), and is None when some rank's
+    row of k is not there (never another step's row in its place)."""
+    import torch.distributed as dist
+    from hotspare.runtime.rankstate import RankState, RowTable
+    world = 3
+    store = dist.HashStore()
+    gens = [torch.Generator().manual_seed(r) for r in range(world)]
+    tables = []
+    for g in gens:
+        state = RankState()
+        state.add_generator("g", g)
+        tables.append(RowTable(state))
+
+    def step(k, ranks=range(world)):
+        for r in ranks:
+            torch.rand(2, generator=gens[r])
+            tables[r].begin(None, world, k, store=store, rank=r)    # group unused: nothing gathered
+            tables[r].finish()
+        return [tables[r].state.capture() for r in range(world)]
+
+    rows4 = step(4)
+    rows5 = step(5)
+    for t in tables:
+        assert torch.equal(t.rows_for(5), torch.cat(rows5))
+        assert torch.equal(t.rows_for(4), torch.cat(rows4))
+    step(6, ranks=[0, 1])             # rank 2 lost before it wrote step 6's row
+    assert tables[0].rows_for(6) is None     # step 4's row of rank 2 is in that slot: not step 6's
+    assert torch.equal(tables[0].rows_for(5), torch.cat(rows5))
+    assert tables[0].rows_for(3) is None
+    assert torch.equal(tables[0].start_rows(5, store, world), torch.cat(rows5))

@@ -39,11 +39,12 @@ def _runtime():
     newer snapshot of step 4 that arrived before rank 2 was lost."""
     shard = [(("model", "w"), torch.arange(12, dtype=torch.float32))]
     store = wire.BuddyStore()
-    store.confirm(2, wire.pack("state", 3, shard), wire.pack("log", 4, shard, {"groups": [], "none": []}))
+    store.keep_state(2, wire.pack("state", 3, shard))
+    store.add_log(2, wire.pack("log", 4, shard, {"groups": [], "none": []}))
     store.offer_fresh(2, wire.pack("state", 4, shard))
     members = SimpleNamespace(rank=3, world_size=WORLD, group=_Group(3))
-    rt = SimpleNamespace(stride=1, store=store, job=SimpleNamespace(members=members, rank=3),
-                         restores=[], fallback_reason=None)
+    rt = SimpleNamespace(stride=1, store=store, restores=[], fallback_reason=None,
+                         job=SimpleNamespace(members=members, rank=3, progress=SimpleNamespace(committed=TARGET)))
     status = [BuddyStatus(TARGET, 3, 4, NONE), BuddyStatus(TARGET, 0, 4, NONE),
               BuddyStatus(NONE, NONE, NONE, NONE),           # rank 2: lost, a spare now
               BuddyStatus(TARGET, 2, 3, 4, 4)]
@@ -80,6 +81,6 @@ def test_every_copy_corrupt_means_the_checkpoint_and_the_reason_says_why():
     _flip(rt.store.state)
     plan, reason = fallback.checked_plan(rt, status, TARGET, None)
     assert plan == [] and reason.startswith("rank 2's shard is not in memory")
-    assert "its buddy rank 3's snapshot of step 3 or its log of step 4 failed its checksum: not loaded" in reason
-    assert rt.store.state is None and rt.store.log is None
+    assert "its buddy rank 3's snapshot of step 3 or its logs up to step 4 failed its checksum: not loaded" in reason
+    assert rt.store.state is None and rt.store.logs == []
     assert rt.job.members.group.calls == 2                          # one verdict per round, every rank alike

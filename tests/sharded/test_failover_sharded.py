@@ -54,13 +54,14 @@ def test_fsdp_under_hotspare_run_gives_torchruns_digest(fsdp_reference):
 
 
 def test_fsdp_kill_mid_run_restores_the_shard_from_the_buddy(fsdp_reference):
-    # killed as step 5 begins, before it sent its snapshot of step 4: its buddy holds the
-    # snapshot of step 3 and the log of step 4, which the spare replays
-    r = run_inproc([*ARGS, "--fsdp"], inject=["kill:rank=2:step=5"])
-    assert_recovered(r, fsdp_reference, ["the snapshot of step 3 + the log of step 4, replayed"])
+    # a snapshot every 3 steps: the generation's first exchange (step -1), then at steps 3 (of
+    # step 2) and 6. Killed as step 5 begins: its buddy holds the snapshot of step 2 and the logs
+    # of steps 3 and 4, which the spare replays
+    r = run_inproc([*ARGS, "--fsdp"], inject=["kill:rank=2:step=5"], env={"HOTSPARE_SNAPSHOT_EVERY": "3"})
+    assert_recovered(r, fsdp_reference, ["the snapshot of step 2 + the logs of steps 3-4, replayed"])
     src = r.report["failures"][0]["shard_source"]
-    assert src["source"] == "buddy snapshot + log" and src["from_rank"] == 3 and src["snapshot_step"] == 3, src
-    assert "lost before it sent its snapshot of step 4" in src["why"], src
+    assert src["source"] == "buddy snapshot + log" and src["from_rank"] == 3 and src["snapshot_step"] == 2, src
+    assert "its snapshot of step 2 and the gradient logs of steps 3..4, replayed" in src["why"], src
 
 
 @pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
@@ -68,7 +69,8 @@ def test_fsdp_kill_of_rank_0_at_the_first_and_of_rank_3_at_the_last_step(fsdp_re
     r = run_inproc([*ARGS, "--fsdp"], inject=["kill:rank=0:step=0"])
     assert_recovered(r, fsdp_reference, ["the snapshot of step -1"])
     r = run_inproc([*ARGS, "--fsdp"], inject=[f"kill:rank=3:step={STEPS - 1}"])
-    assert_recovered(r, fsdp_reference, [f"the snapshot of step {STEPS - 3} + the log of step {STEPS - 2}"])
+    # the default cadence (a snapshot every 8 steps): the first exchange's, and every step's log
+    assert_recovered(r, fsdp_reference, [f"the snapshot of step -1 + the logs of steps 0-{STEPS - 2}"])
 
 
 @pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
@@ -91,13 +93,13 @@ def test_the_realistic_fsdp2_example_with_accumulation_and_a_schedule(tmp_path):
     assert r.code == 0, r.output[-5000:]
     assert r.digest == reference and r.report["steps_repeated"] == 0
     assert r.report["failures_total"] == r.report["recovered_zero_loss"] == 1
-    assert "shard of step 5 restored from rank 2: the snapshot of step 4 + the log of step 5, replayed" in r.output
+    assert "shard of step 5 restored from rank 2: the snapshot of step -1 + the logs of steps 0-5, replayed" in r.output
 
 
 @pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
 def test_fsdp_hang_is_fenced_and_the_shard_restored(fsdp_reference):
     r = run_inproc([*ARGS, "--fsdp"], inject=["hang:rank=2:step=5"], extra=["--hang-floor", "1"])
-    assert_recovered(r, fsdp_reference, ["the snapshot of step 3 + the log of step 4, replayed"])
+    assert_recovered(r, fsdp_reference, ["the snapshot of step -1 + the logs of steps 0-4, replayed"])
     assert r.report["failures"][0]["kind"] == "hang"
 
 
