@@ -116,7 +116,10 @@ def verified(ckpt_dir: str, key: bytes) -> tuple[dict, bytes]:
         present = set(os.listdir(ckpt_dir)) - {SIDECAR}
     except OSError as e:
         raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: cannot list it ({e})") from None
-    if present != set(files) or METADATA not in files:
+    # A sharded checkpoint (checkpoint/sharded.py) has no DCP metadata: one header and one byte
+    # file per rank, each listed here with its sha256.
+    sharded = isinstance(side.get("meta"), dict) and side["meta"].get("kind") == "sharded"
+    if present != set(files) or (METADATA not in files and not sharded):
         extra, missing = sorted(present - set(files)), sorted(set(files) - present)
         raise CheckpointError(f"corrupt checkpoint {ckpt_dir}: it holds other files than its writer "
                               f"listed (unexpected {extra}, missing {missing}); load an older checkpoint")

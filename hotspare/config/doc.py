@@ -44,6 +44,12 @@ OTHER_VARIABLES = [
     ("HOTSPARE_BUDDY_STRIDE", "you", "`runtime/sharded.py`",
      "sharded jobs: how many ranks away each rank's buddy is (its snapshots live there); default: "
      "the ranks of one host, so a buddy is on another host (docs/SHARDED.md)"),
+    ("HOTSPARE_SNAPSHOT_EVERY", "you (bench/overhead.py)", "`runtime/sharded.py`",
+     "sharded jobs: a buddy snapshot every this many steps (default 8; a gradient log every step); 0: "
+     "no snapshots (docs/SHARDED.md)"),
+    ("HOTSPARE_HOST_RAM_BYTES", "you (tests)", "`sharded/memory.py`",
+     "sharded jobs: the host's available RAM in bytes, in place of /proc/meminfo's MemAvailable, for the "
+     "check that the buddy snapshots fit before step 0 (docs/SHARDED.md)"),
     ("HOTSPARE_LOG_EVERY_S", "you (bench/overhead.py)", "`runtime/job.py`",
      "outside `hotspare run`, seconds between rank 0's progress lines (default 10; 0: every step)"),
     ("HOTSPARE_ZYGOTE_PAD", "node agent (the zygote's own environment)", "`agent/zygote.py`",

@@ -43,6 +43,8 @@ class FailureRecord:
     first_commit_at: float | None = None
     exit_code: int | None = None      # KILLED / EXITED: the process's exit status (negative: its signal)
     rule: str = ""                    # HEALTH: the rule that fenced it
+    # a sharded job: where the rank's shard came from, and why ({"source", "from_rank", "why", ...})
+    shard_source: dict[str, Any] | None = None
 
     @property
     def start(self) -> float:
@@ -131,6 +133,7 @@ class Ledger:
     rank_digests: dict[int, str] = field(default_factory=dict)   # rank -> its per-rank state's digest
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     checkpoint_fallbacks: list[dict[str, Any]] = field(default_factory=list)   # {"refused", "reason", "used", "step"}
+    shard_restores: list[dict[str, Any]] = field(default_factory=list)   # a sharded job: each restored shard's source
     migrations: list[MigrationRecord] = field(default_factory=list)
     health_events: list[dict[str, Any]] = field(default_factory=list)
     devices: list[dict[str, Any]] = field(default_factory=list)    # final device states
@@ -191,11 +194,13 @@ class Ledger:
                 self.open.append(rec)
             lost_steps = max(0, self.max_committed() - a.target)
             for f in self.open:
-                if f.generation is None:
+                # a restore resolves every open failure anew: a sharded job that found a lost shard
+                # in no survivor's memory goes back to its checkpoint after a generation formed
+                if f.generation is None or a.restore:
                     f.generation, f.reason, f.decided_at = a.gen, reason, now
                     f.recovery_path = "checkpoint" if a.restore else "memory"
                     f.lost_steps = lost_steps
-                    f.replacement = a.replacements.get(f.rank)
+                    f.replacement = a.replacements.get(f.rank) or f.replacement
                     f.source_rank, f.target_step = a.source, a.target
         for m in self.migrations:
             if m.generation is None:
@@ -234,6 +239,14 @@ class Ledger:
                 f.transfer_s = max(f.transfer_s, transfer)
                 f.bytes_transferred = max(f.bytes_transferred, nbytes)
 
+    def shard_restored(self, gen: int, rank: int, entry: dict[str, Any]) -> None:
+        """Rank ``rank``'s shard in generation ``gen`` came from ``entry["source"]`` (a sharded job)."""
+        rec = {**entry, "rank": rank, "generation": gen}
+        self.shard_restores.append(rec)
+        for f in self.failures:
+            if f.rank == rank and f.generation == gen:
+                f.shard_source = rec
+
     def finished(self) -> None:
         self.outcome = "finished"
         for m in self.migrations:
@@ -242,8 +255,8 @@ class Ledger:
 
     def stopped(self, message: str, preempted: bool) -> None:
         self.outcome, self.message = ("preempted" if preempted else "stopped"), message
-        for f in self.open:
-            f.recovery_path = f.recovery_path or "stopped"
+        for f in self.open:     # never resumed: a generation that formed but never committed did not recover it
+            f.recovery_path = "stopped"
 
     # ------------------------------------------------------------------ commits
 
@@ -320,6 +333,7 @@ class Ledger:
             "steps_lost": sum({f.generation: f.lost_steps or 0 for f in self.failures}.values()),
             "checkpoints_written": len(self.checkpoints),
             "checkpoint_fallbacks": list(self.checkpoint_fallbacks),   # checkpoints refused on load, and what was used
+            "shard_restores": list(self.shard_restores),   # a sharded job: {"rank", "source", "why", ...} per restore
             "checkpoints": list(self.checkpoints),   # {"step", "path", "generation" it was reported in}, in order
             "zero_loss_share": (len(memory) / len(self.failures)) if self.failures else None,
             # recoveries that may not be bitwise (see caveats()); "exact_share" counts the others

@@ -29,6 +29,7 @@ class WorkerMessages:
         # a worker's message type -> the signal it stands for (None: bookkeeping only)
         self._table: dict[str, Translator] = {
             "ready": self._ready, "commit": self._commit, "joined": self._joined, "reducing": self._reducing,
+            "restored": self._restored,
             "failed": self._failed, "paused": self._paused, "handed_off": self._handed_off,
             "crash": self._crash, "checkpointed": self._checkpointed, "done": self._done,
             # fault triggers: the agent's fault plug-in acts on them (hotspare.testing.faults); the
@@ -64,6 +65,13 @@ class WorkerMessages:
         if msg["gen"] == self.view.generation:
             self.progress.rank_joined(msg["rank"], t)
 
+    def _restored(self, worker: str, msg: Message, t: float) -> None:
+        for entry in msg["sources"][:64]:
+            self.ledger.shard_restored(msg["gen"], msg["rank"], entry)
+            self.log(f"RESTORED rank {msg['rank']}'s shard of step {entry.get('step')}: {entry.get('source')}"
+                     + (f" from rank {entry['from_rank']}" if entry.get("from_rank") is not None else "")
+                     + f" ({str(entry.get('why', ''))[:300]})")
+
     def _failed(self, worker: str, msg: Message, t: float) -> policy.Signal:
         health = msg.get("health")
         if isinstance(health, dict) and msg["gen"] == self.view.generation:
@@ -85,7 +93,8 @@ class WorkerMessages:
 
     def _crash(self, worker: str, msg: Message, t: float) -> policy.Signal:
         self.log(f"ERROR   rank {msg['rank']} ({worker}) raised at step {msg['step']}: {msg['error'][:200]}")
-        return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"])
+        return policy.Crashed(worker, msg["rank"], msg["gen"], msg["step"], msg["error"], msg["traceback"],
+                              refused=msg.get("refused") is True)
 
     def _checkpointed(self, worker: str, msg: Message, t: float) -> policy.Signal | None:
         from hotspare.checkpoint import within    # here: the control CLI imports this module without torch

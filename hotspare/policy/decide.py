@@ -74,6 +74,10 @@ def decide(view: ClusterView, sig: Signal, now: float = 0.0) -> Decision:
                             "last checkpoint written")
         return Decision((), f"checkpoint of step {sig.step} written")
 
+    if isinstance(sig, Crashed) and sig.refused:
+        what = sig.error.split(": ", 1)[-1]
+        return Decision((Stop(1, f"rank {sig.rank} refused to start the job: {what}"),),
+                        "the job cannot run as configured")
     if isinstance(sig, Crashed):
         repeat = [c for c in view.crashes[:-1] if c.step == sig.step and c.worker != sig.worker]
         if repeat:

@@ -41,18 +41,24 @@ def plan_recovery(
     is a receiver, not a source, and if no survivor holds a copy the state is lost.
     """
     lost = tuple(sorted(set(lost)))
+    gone = lost
     stale = {r for r, s in committed.items() if job_step is not None and s < job_step - 1}
     copies = {r: s for r, s in committed.items() if r not in stale}
     if not copies:
         lost = tuple(sorted(set(lost) | stale))
         committed = {}
     if not committed:
+        # Every rank alive but none holding a copy: a sharded job whose lost shard is in no
+        # survivor's memory (each rank reports -1, hotspare/sharded/fallback.py).
+        why = (f"ranks {list(lost)} all lost" if gone else
+               "no rank holds every shard of the newest step: a lost shard is in no survivor's memory")
         if checkpoint_step is not None:
             return RecoveryPlan("checkpoint", checkpoint_step, None, lost, 0, 0,
-                                f"no in-memory copy survives (ranks {list(lost)} all lost): "
+                                f"no in-memory copy survives ({why}): "
                                 f"falling back to the checkpoint at step {checkpoint_step}")
         return RecoveryPlan("stop", None, None, lost, 0, 0,
-                            "no in-memory copy of the state survives and no checkpoint exists")
+                            f"no in-memory copy of the state survives ({why}) and no checkpoint exists"
+                            + ("" if gone else " (write them with --checkpoint-dir DIR --checkpoint-every N)"))
     target = max(copies.values())
     source = min(r for r, s in copies.items() if s == target)
     laggards = tuple(r for r, s in sorted(committed.items()) if s < target)

@@ -77,6 +77,7 @@ class Crashed:
     step: int
     error: str
     traceback: str = ""
+    refused: bool = False       # the job cannot run as configured (e.g. host RAM): stop, do not fail over
 
 
 @dataclass(frozen=True)

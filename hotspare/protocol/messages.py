@@ -57,6 +57,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "failed": {"gen": _INT, "rank": _INT, "committed": _INT, "error": _STR},
     "crash": {"gen": _INT, "rank": _INT, "step": _INT, "error": _STR, "traceback": _STR},
     "joined": {"gen": _INT, "rank": _INT, "timings": _DICT, "bytes": _INT},
+    # a sharded job: where this rank's shard came from, and why (hotspare/sharded/fallback.py)
+    "restored": {"gen": _INT, "rank": _INT, "sources": _LIST},
     "done": {"gen": _INT, "rank": _INT, "step": _INT, "digest": _STR},
     "paused": {"gen": _INT, "rank": _INT, "committed": _INT},
     "handed_off": {"gen": _INT, "rank": _INT, "bytes": _INT, "seconds": _NUM},
@@ -121,7 +123,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
 
 # What a worker may say to its agent (and the agent relays): nothing else is relayed.
 FROM_WORKER = frozenset({"ready", "step", "reducing", "joining", "transfer", "checkpointed", "commit",
-                         "failed", "crash", "joined", "done", "paused", "handed_off"})
+                         "failed", "crash", "joined", "restored", "done", "paused", "handed_off"})
 
 _BIG = 2 ** 62
 # field -> (lowest, highest) accepted, wherever it appears as a number
@@ -192,6 +194,13 @@ def _short(v: Any) -> bool:
     return isinstance(v, str) and len(v) <= MAX_NAME
 
 
+def _restore_source(v: Any) -> bool:
+    """One entry of a "restored" message: short names to numbers, nulls or strings (a reason)."""
+    return isinstance(v, dict) and len(v) <= 16 and all(
+        isinstance(k, str) and len(k) <= 40 and (v[k] is None or _number(v[k]) or isinstance(v[k], str)
+                                                and len(v[k]) <= 1000) for k in v)
+
+
 def _metric(v: Any) -> bool:
     return _number(v) or (isinstance(v, str) and len(v) <= MAX_NAME)
 
@@ -245,6 +254,7 @@ NESTED: dict[str, dict[str, Callable[[str, Any], None]]] = {
     "commit": {"metrics": lambda k, v: _mapping(k, "metrics", v, _metric, "a finite number or a short string")},
     "joined": {"timings": lambda k, v: _mapping(k, "timings", v, _number, "a finite number")},
     "failed": {"health": _health},
+    "restored": {"sources": lambda k, v: _sequence(k, "sources", v, _restore_source, "restore sources")},
     "generation": {"receivers": lambda k, v: _sequence(k, "receivers", v, _rank, "ranks"),
                    "placement": lambda k, v: _sequence(k, "placement", v, _rank, "ranks"),
                    "before": lambda k, v: _sequence(k, "before", v, _rank, "ranks")},

@@ -411,7 +411,7 @@ class Job:
     def _exit_step(self, step: int, ev: BaseException | None) -> bool:
         """True when the failure is swallowed: recovered at the next step."""
         outcome, failure = self.protocol.exit(step, ev)
-        if outcome is Outcome.COMMITTED and self.managed and self.rank == 0:
+        if outcome is Outcome.COMMITTED and self.managed and (self.rank == 0 or self._sharded is not None):
             self._persist.after_commit(step)      # a finished write reports itself
         if outcome is Outcome.RECOVER:
             self.driver.handle(failure)           # recovered at the next resume point
@@ -427,7 +427,7 @@ class Job:
         write_verify_digests(self)         # only under `hotspare verify` (HOTSPARE_VERIFY_OUT)
         if self._sharded is not None and not self.managed: self._sharded.compute_digest()  # noqa: E701
         if self.managed:
-            if self.rank == 0:
+            if self.rank == 0 or self._sharded is not None:   # a sharded job: every rank writes its shard
                 self._persist.flush()      # a checkpoint in flight reports itself when durable
             while not self._finish():
                 pass

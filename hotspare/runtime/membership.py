@@ -41,6 +41,9 @@ class Membership:
         # the sync before, and restored after).
         self.before_sync: list[Callable[[dict[str, Any]], None]] = []
         self.after_sync: list[Callable[[dict[str, Any]], None]] = []
+        # Where this rank's shard came from in the generation it joined, and why (an after_sync
+        # hook's entries, hotspare/sharded/fallback.py): sent as "restored", for the report.
+        self.restored: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ the group
     def abort_upto(self, upto: int) -> None:
@@ -114,8 +117,11 @@ class Membership:
         for hook in self.before_sync:
             hook(msg)
         out = self._sync_replicated(msg)
+        self.restored = []
         for hook in self.after_sync:       # every rank of the generation, after the sync
             hook(msg)
+        if self.restored:
+            self.link.send("restored", gen=self.generation, rank=self.rank, sources=self.restored)
         return out
 
     def _sync_replicated(self, msg: dict[str, Any]) -> tuple[int, float]:

@@ -21,6 +21,7 @@ import torch
 
 from hotspare.checkpoint import (AsyncCheckpointer, CheckpointError, CheckpointInfo, fingerprint_of, load,
                                  load_key, save, within)
+from hotspare.errors import ConfigError
 from hotspare.protocol.workerenv import JobEnv, WorkerEnv
 from hotspare.runtime.state import Snapshot, StateRegistry
 
@@ -59,6 +60,16 @@ class Persister:
         self._every = (env.checkpoint_every if env else 0) or None
         self._seconds = (env.checkpoint_seconds if env else 0.0) or None
         self._key: bytes | None = None
+        self.sharded = None       # a sharded job's own writer and reader (hotspare/sharded/checkpoints.py)
+
+    def enable_sharded(self, job) -> None:
+        """A sharded job (runtime/sharded.py): every rank writes and restores its own shard."""
+        if self._seconds:
+            raise ConfigError("--checkpoint-seconds does not apply to a sharded job: every rank writes its shard "
+                              "at the same steps, so use --checkpoint-every N")
+        from hotspare.sharded.checkpoints import ShardedCheckpoints
+        self.sharded = ShardedCheckpoints(job, self.directory, self._every, self._signing_key, self._on_done,
+                                          lambda: fingerprint(self.registry))
 
     def _signing_key(self) -> bytes:
         if self._key is None:
@@ -75,8 +86,9 @@ class Persister:
         # A rank-0 checkpoint of a sharded job (hotspare/sharded) would hold rank 0's shard only,
         # and a restore would load it into every rank: never written, never read (docs/SHARDED.md).
         if self.registry.sharded:
-            raise CheckpointError(f"refused to {what}: this job's state is sharded (FSDP2/HSDP) and hotspare's "
-                                  "checkpoints are rank 0's state; sharded checkpoints are not implemented yet")
+            raise CheckpointError(f"refused to {what}: this job's state is sharded (FSDP2/HSDP): one rank's "
+                                  "state is not the job's; its checkpoints are written by every rank, at "
+                                  "--checkpoint-every steps (hotspare/sharded/checkpoints.py)")
 
     def _writer(self) -> AsyncCheckpointer | None:
         if self.registry.sharded:
@@ -92,6 +104,9 @@ class Persister:
         with ``on_done``: that hears of it first). A failed write is said on stderr and training
         goes on: storage trouble must not take a healthy rank down (the next write is tried at
         its interval; the report counts the checkpoints that were written)."""
+        if self.sharded is not None:
+            self.sharded.after_commit(step)       # every rank, its own shard
+            return None
         writer = self._writer()
         if writer is None:
             return None
@@ -108,6 +123,8 @@ class Persister:
     def flush(self) -> None:
         """Let a background write still in flight finish (the last step is done: a daemon writer
         would die with the process, and the checkpoint with it)."""
+        if self.sharded is not None:
+            self.sharded.flush()
         if self._async is not None:
             try:
                 self._async.wait()
@@ -128,8 +145,10 @@ class Persister:
 
     def restore(self, path: str) -> int:
         """Load a verified checkpoint into the tracked objects; returns its step."""
-        self._refuse_sharded("restore a checkpoint")
         self._confined(path, [self.directory, self._resume_dir], "restore from")
+        if self.sharded is not None:
+            return self.sharded.restore(path)
+        self._refuse_sharded("restore a checkpoint")
         step, tensors, manifest, _info = load(path, fingerprint(self.registry), key=self._signing_key())
         dsts, needs_load = self.registry.prepare_receive(manifest)
         with torch.no_grad():

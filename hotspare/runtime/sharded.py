@@ -45,11 +45,12 @@ from torch.distributed.fsdp import FSDPModule
 
 from hotspare.errors import ConfigError, PeerFailure, StateMismatch
 from hotspare.runtime.phase import PauseAgreed
+from hotspare.sharded import fallback, memory
 from hotspare.sharded import replay as rp
 from hotspare.sharded.fsdpreset import reset_fsdp
 from hotspare.sharded.mesh import ShardedMesh
 from hotspare.sharded.pause import PauseVote
-from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride, plan_restore
+from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride
 from hotspare.transfer import buddy as wire
 from hotspare.transfer.buddy import BuddyStore, Buffers, Packet
 
@@ -153,11 +154,8 @@ class ShardedRuntime:
         if len(shape) not in (1, 2):
             raise ConfigError("hotspare's sharded jobs take a 1-D mesh (FSDP) or a 2-D (replicate, shard) "
                               f"mesh (HSDP); got {len(shape)} dimensions")
-        env = job.env
-        if env is not None and (env.checkpoint_every or env.checkpoint_seconds or env.resume_dir):
-            raise ConfigError("--checkpoint-every/--checkpoint-seconds/--resume do not apply to a sharded job yet: "
-                              "hotspare's checkpoints hold rank 0's state, not every rank's shard; drop them "
-                              "(a sharded job fails over from its buddies' and replicas' memory, docs/SHARDED.md)")
+        if job.managed:
+            job._persist.enable_sharded(job)     # every rank writes and restores its own shard (sharded/checkpoints.py)
         return cls(job, shape, names)
 
     # ------------------------------------------------------------------ what is sharded
@@ -298,7 +296,7 @@ class ShardedRuntime:
         """A step failed: FSDP's per-iteration state back to idle, every parameter sharded."""
         for name in self.job.registry.sharded:
             obj = self.job.registry.objects()[name]
-            if isinstance(obj, FSDPModule):
+            if isinstance(obj, FSDPModule) and obj._get_fsdp_state()._is_root is not None:  # never run: nothing to reset
                 reset_fsdp(obj)
 
     def before_sync(self, msg: dict[str, Any]) -> None:
@@ -336,9 +334,12 @@ class ShardedRuntime:
         m, job = self.job.members, self.job
         if not job.registry.sharded:
             return
-        if msg.get("restore"):
-            raise StateMismatch("a sharded job cannot be restored from hotspare's checkpoints yet "
-                                "(each rank's shard would be needed): no copy survived in memory")
+        if msg.get("restore"):         # every rank loaded its own shard of the checkpoint (sharded/fallback.py)
+            m.restored = [fallback.from_checkpoint(self, msg["restore"])]
+            self._own_valid, self._stash = True, None
+            if m.world_size > 1:
+                self._exchange_snapshots(job.progress.committed)
+            return
         if m.world_size < 2:
             return
         target = job.progress.committed
@@ -356,10 +357,9 @@ class ShardedRuntime:
         m.group.all_gather(rows, mine).wait()
         status = [BuddyStatus(*r) for r in rows.view(m.world_size, -1).tolist()]
         replicas = self.mesh.groups[0] if len(self.mesh.shape) == 2 else None   # HSDP: (replicate, shard)
-        plan, reason = plan_restore(status, target, self.stride, replicas)
+        plan, reason = fallback.checked_plan(self, status, target, replicas)   # every copy verified first
         if reason is not None:
-            raise StateMismatch(f"sharded state of step {target} cannot be rebuilt from memory: {reason}; "
-                                "a checkpoint is needed")
+            fallback.unrecoverable(self, target, reason)     # the job goes back to its newest checkpoint
         group = self.mesh.buddy_group() if plan else None
         for src in plan:
             if m.rank == src.holder:
@@ -378,6 +378,7 @@ class ShardedRuntime:
                                       "snapshot_step": state.step, "logs": len(logs), "bytes": nbytes})
                 print(f"hotspare: rank {m.rank}: shard of step {target} restored from rank {src.holder}: "
                       f"{_what(src.kind, state, logs)} ({nbytes} bytes, crc32 checked)", file=sys.stderr, flush=True)
+        m.restored = fallback.sources(self, target)    # the report's words
         self._exchange_snapshots(target)
 
     def _handed_over(self, target: int) -> int:
@@ -402,8 +403,15 @@ class ShardedRuntime:
         out = _Transfer(wire.send, mine, self.buddy, group)
         got = wire.recv(self.pred, group, self.store.buffers)
         out.outcome()
+        nbytes = mine.nbytes
         self._out.give(mine.data)
         self.store.keep_state(self.pred, got)
+        reg = self.job.registry        # the host RAM the snapshots take: refused before step 0 if it cannot fit
+        memory.check(self.job.members.group, self.job.rank, self.job.world_size, nbytes,
+                     memory.log_bytes(o for n, o in reg.objects().items() if n in reg.sharded
+                                      and isinstance(o, torch.nn.Module)),
+                     self.stride, self.every, say=self.job.generation == 1 and step < 0,
+                     before_first_step=step < 0 or self.job.generation == 1)
 
     def _say_memory(self, shard: int) -> None:
         opt = self._optimizer

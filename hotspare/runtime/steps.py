@@ -168,8 +168,11 @@ class StepProtocol:
     def report_crash(self, step: int, ev: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(ev), ev, ev.__traceback__))
         m = self.members
+        # ``refuses_start``: the job cannot run as configured (hotspare/sharded/memory.py): a spare
+        # would refuse the same, so the coordinator stops the job with this message at once
         self.link.send("crash", gen=m.generation, rank=m.rank, step=step,
-                       error=f"{type(ev).__name__}: {ev}"[:2000], traceback=tb[-20000:])
+                       error=f"{type(ev).__name__}: {ev}"[:2000], traceback=tb[-20000:],
+                       **({"refused": True} if getattr(ev, "refuses_start", False) else {}))
 
     def log(self, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():

@@ -30,7 +30,7 @@ def fsdp_reference(tmp_path_factory):
     return torchrun_digest(tmp_path_factory.mktemp("fsdp"), "--fsdp")
 
 
-def assert_recovered(r, reference, sources):
+def assert_recovered(r, reference, sources, source="buddy snapshot"):
     assert r.code == 0, r.output[-5000:]
     rep = r.report
     assert rep["final_state_digest"] == reference, "the faulted run diverged from the fault-free run"
@@ -38,6 +38,10 @@ def assert_recovered(r, reference, sources):
     assert rep["failures_total"] == rep["recovered_zero_loss"] == 1, r.output[-5000:]
     f = rep["failures"][0]
     assert f["recovery_path"] == "memory" and f["lost_steps"] == 0, f
+    # the report (not only stderr) names the restored shard's source and why that one
+    src = f["shard_source"]
+    assert src is not None and src["rank"] == f["rank"] and src["source"].startswith(source), src
+    assert src["why"] and rep["shard_restores"] == [src], rep["shard_restores"]
     # counted in the whole output: two workers' stderr lines may share a line of the launcher's
     restored = re.findall(r"rank \d+: shard of step -?\d+ restored from rank \d+: [^(]*", r.output)
     assert len(restored) == 1 and any(s in restored[0] for s in sources), restored
@@ -55,6 +59,9 @@ def test_fsdp_kill_mid_run_restores_the_shard_from_the_buddy(fsdp_reference):
     # of steps 3 and 4, which the spare replays
     r = run_inproc([*ARGS, "--fsdp"], inject=["kill:rank=2:step=5"], env={"HOTSPARE_SNAPSHOT_EVERY": "3"})
     assert_recovered(r, fsdp_reference, ["the snapshot of step 2 + the logs of steps 3-4, replayed"])
+    src = r.report["failures"][0]["shard_source"]
+    assert src["source"] == "buddy snapshot + log" and src["from_rank"] == 3 and src["snapshot_step"] == 2, src
+    assert "its snapshot of step 2 and the gradient logs of steps 3..4, replayed" in src["why"], src
 
 
 @pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
@@ -70,7 +77,7 @@ def test_fsdp_kill_of_rank_0_at_the_first_and_of_rank_3_at_the_last_step(fsdp_re
 def test_hsdp_kill_restores_the_shard_from_its_replica(tmp_path):
     reference = torchrun_digest(tmp_path, "--hsdp")
     r = run_inproc([*ARGS, "--hsdp"], inject=["kill:rank=3:step=4"])
-    assert_recovered(r, reference, ["restored from rank 1: its live replica"])
+    assert_recovered(r, reference, ["restored from rank 1: its live replica"], source="HSDP replica")
 
 
 @pytest.mark.slow   # run by .ci/run after the default suite (the default suite's budget: README)
@@ -107,3 +114,5 @@ def test_hsdp_two_ranks_of_different_replica_groups_lost_in_one_step(tmp_path):
     restored = sorted(re.findall(r"rank (\d+): shard of step (\d+) restored from rank (\d+): its live replica",
                                  r.output))
     assert restored == [("0", "2", "2"), ("3", "2", "1")], (restored, r.output[-6000:])
+    assert sorted((e["rank"], e["source"], e["from_rank"]) for e in rep["shard_restores"]) == [
+        (0, "HSDP replica", 2), (3, "HSDP replica", 1)], rep["shard_restores"]
