@@ -14,8 +14,8 @@ from hotspare.pg import GenerationGroup, SoloGroup
 from hotspare.runtime.ddp import _allreduce_hook, _Backward, reset_after_failure, stabilize_buckets
 
 
-def threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+def threads() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
 
 
 def test_every_collective_of_a_world_of_one_completes_in_place():
@@ -58,7 +58,7 @@ def test_ddp_on_it_trains_like_a_plain_module_and_starts_no_thread():
             m(x).square().sum().backward()
             opt.step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
-    assert threads() == before, "a world of one needs no transport thread"
+    assert not threads() - before, "a world of one needs no transport thread"   # (an earlier test's may end)
     assert not dist.is_initialized()
 
 
