@@ -117,6 +117,26 @@ def write_file_durably(path: str, data: str) -> None:
         os.fsync(f.fileno())
 
 
+def publish_step(directory: str, folder: str, step: int) -> str:
+    """Publish the written, fsynced ``folder`` as step ``step``'s checkpoint of ``directory``,
+    atomically (a rename; the same step written again, e.g. after a rollback, replaces the old
+    one), then point LATEST at it. The published path."""
+    final = os.path.join(directory, step_name(step))
+    old = None
+    if os.path.exists(final):
+        old = os.path.join(directory, f".old-{step_name(step)}-{os.getpid()}")
+        os.rename(final, old)
+    os.rename(folder, final)
+    fsync_dir(directory)
+    latest_tmp = os.path.join(directory, f".{LATEST}.tmp-{os.getpid()}")
+    write_file_durably(latest_tmp, step_name(step) + "\n")
+    os.replace(latest_tmp, os.path.join(directory, LATEST))
+    fsync_dir(directory)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
 def step_name(step: int) -> str:
     return f"step-{step:09d}"
 

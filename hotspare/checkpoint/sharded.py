@@ -32,16 +32,14 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from hotspare.checkpoint import auth
-from hotspare.checkpoint.layout import (FORMAT_VERSION, LATEST, SIDECAR, SIDECAR_MAX, CheckpointError,
-                                        CheckpointInfo, fsync_dir, meta_digest, prune, read_bounded, step_name,
+from hotspare.checkpoint.layout import (FORMAT_VERSION, SIDECAR, SIDECAR_MAX, CheckpointError,
+                                        CheckpointInfo, fsync_dir, meta_digest, prune, publish_step, read_bounded,
                                         write_file_durably)
 from hotspare.checkpoint.sidecar import encode, info_of, read_sidecar, verified
 
@@ -149,19 +147,7 @@ def publish(directory: str, folder: str, step: int, world: int, fingerprint: str
     assert set(files) == set(names)
     write_file_durably(os.path.join(folder, SIDECAR), encode(side, key).decode("ascii"))
     fsync_dir(folder)
-    final = os.path.join(directory, step_name(step))
-    old = None
-    if os.path.exists(final):
-        old = os.path.join(directory, f".old-{step_name(step)}-{os.getpid()}")
-        os.rename(final, old)
-    os.rename(folder, final)
-    fsync_dir(directory)
-    latest_tmp = os.path.join(directory, f".{LATEST}.tmp-{os.getpid()}")
-    write_file_durably(latest_tmp, step_name(step) + "\n")
-    os.replace(latest_tmp, os.path.join(directory, LATEST))
-    fsync_dir(directory)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    final = publish_step(directory, folder, step)
     prune(directory, keep, step)
     return info_of(final, side)
 

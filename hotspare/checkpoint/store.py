@@ -57,9 +57,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException as _DCPError  # a BaseException
 
 from hotspare.checkpoint import auth
-from hotspare.checkpoint.layout import (FORMAT_VERSION, LATEST, METADATA, METADATA_MAX, SIDECAR, SIDECAR_MAX,
+from hotspare.checkpoint.layout import (FORMAT_VERSION, METADATA, METADATA_MAX, SIDECAR, SIDECAR_MAX,
                                         CheckpointError, CheckpointInfo, fingerprint_of, fsync_dir, meta_digest,
-                                        prune, step_name, within, write_file_durably)
+                                        prune, publish_step, step_name, within, write_file_durably)
 from hotspare.checkpoint.metadata import UnsafeMetadata, VerifiedReader, parse
 from hotspare.checkpoint.sidecar import encode, info_of, latest, newest_valid, verified, verify
 
@@ -170,20 +170,8 @@ def save(directory: str, step: int, tensors: dict[str, torch.Tensor], meta: dict
         _readable_back(len(data), os.path.getsize(os.path.join(tmp, METADATA)), len(cpu))
         write_file_durably(os.path.join(tmp, SIDECAR), data.decode("ascii"))
         fsync_dir(tmp)
-        # 2. publish the folder atomically.
-        old = None
-        if os.path.exists(final):   # same step written again (e.g. after a rollback)
-            old = os.path.join(directory, f".old-{step_name(step)}-{os.getpid()}")
-            os.rename(final, old)
-        os.rename(tmp, final)
-        fsync_dir(directory)
-        # 3. point LATEST at it.
-        latest_tmp = os.path.join(directory, f".{LATEST}.tmp-{os.getpid()}")
-        write_file_durably(latest_tmp, step_name(step) + "\n")
-        os.replace(latest_tmp, os.path.join(directory, LATEST))
-        fsync_dir(directory)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        # 2. publish the folder atomically and point LATEST at it.
+        publish_step(directory, tmp, step)
     except _TooBig as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"refused to write the checkpoint for step {step} to {directory}: {e}") from None
