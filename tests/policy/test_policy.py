@@ -3,23 +3,12 @@ import copy
 
 from hotspare.policy.decide import (AbortGeneration, Checkpointed, CheckpointNow, ClusterView,
                                     Crashed, Done, Fence, FormGeneration, Release, StartSpares,
-                                    StepFailed, Stop, Tick, WorkerExited, WorkerReady, apply,
-                                    decide, observe)
+                                    StepFailed, Stop, Tick, WorkerExited, WorkerReady, decide,
+                                    observe)
 from hotspare.policy.phase import JobPhase
+from hotspare.testing.decisions import feed
 from hotspare.policy.hang import RankActivity, threshold
 from hotspare.policy.recovery import plan_recovery
-
-
-def feed(view, sig):
-    """Signal in, as the coordinator does it: observe, decide (which reads the view only:
-    checked on every signal of every scripted test), apply."""
-    observe(view, sig)
-    before = copy.deepcopy(view)
-    d = decide(view, sig, 0.0)
-    assert view == before, f"decide changed the view on {sig}"
-    for a in d.actions:
-        apply(view, a)
-    return d
 
 
 def running_view(world=4, spares=1):

@@ -52,21 +52,10 @@ def test_a_placement_is_a_generations_members():
 
 
 # ---------------------------------------------------------------- through decide(), signal by signal
-import copy  # noqa: E402
-
 from hotspare.policy.decide import (ClusterView, FormGeneration, Paused, Regrow, StartSpares, StepFailed,  # noqa: E402
-                                    WorkerExited, WorkerReady, apply, decide, observe)
+                                    WorkerExited, WorkerReady)
 from hotspare.policy.phase import JobPhase  # noqa: E402
-
-
-def feed(view, sig):
-    observe(view, sig)
-    before = copy.deepcopy(view)
-    d = decide(view, sig, 0.0)
-    assert view == before, f"decide changed the view on {sig}"
-    for a in d.actions:
-        apply(view, a)
-    return d
+from hotspare.testing.decisions import feed  # noqa: E402
 
 
 def elastic_view(world=3, elastic=1):
