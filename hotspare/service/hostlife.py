@@ -201,7 +201,8 @@ def transition(state: HostState, event: HostEvent, now: float) -> tuple[HostStat
     if isinstance(event, Lent):
         if phase is not HostPhase.BUSY:
             return state, f"lent by {job} while {state.describe()}: nothing to do"
-        return _move(state, HostPhase.RELEASING, job, now), f"{job} shrinks to lend it: waiting for its agent to release"
+        return (_move(state, HostPhase.RELEASING, job, now),
+                f"{job} shrinks to lend it: waiting for its agent to release")
     if isinstance(event, Released):
         if phase is HostPhase.BUSY:
             return state, f"released {job} while it runs: the job's coordinator handles it"

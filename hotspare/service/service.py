@@ -382,7 +382,7 @@ class Service(Clients, Lending):
             runner.events.put(ev.NodeConnected(name, h.agent.hello(devices), h.channel, time.time()))
 
     def _runner(self, row: states.JobRow, store: dict[str, Any]) -> JobRunner:
-        cfg = run_config(row.request, self.host, self.secret_file, self.allow_inject)
+        cfg = run_config({**row.request, "elastic": row.policy.elastic}, self.host, self.secret_file, self.allow_inject)
         return JobRunner(row.id, cfg, self.db, store, self.lease, self.margin, self.log, self._job_ended,
                          registry=self.registry, observe=self.observe, policy=row.policy, request=row.request,
                          short=lambda job, n, seen: self.pool_events.put(ShortOf(job, n, seen, time.time())),
