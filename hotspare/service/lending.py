@@ -153,4 +153,5 @@ class Lending:
             runner = self.runners[job]
             self.log(f"[{job}] LOAN    {', '.join(hosts)} idle again: it runs shrunk, so it grows back there")
             self.db.event(f"grows back on {', '.join(hosts)}", job)
+            runner.returned.update(hosts)
             self._assign(runner, list(hosts), spare_host=True)

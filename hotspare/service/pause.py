@@ -71,9 +71,11 @@ def shrink_ranks(view, elastic: int | None, node_of: Callable[[str], str]) -> tu
     return elastic, tuple(sorted(per_host.items()))
 
 
-def regrow_slots(view, unplaced: int) -> int:
+def regrow_slots(view, unplaced: int, coming: int = 0) -> int:
     """Device slots an elastic job running shrunk lacks to grow back: its virtual ranks run on
-    fewer workers than it has virtual ranks, and spares wait for a device (``unplaced``)."""
+    fewer workers than it has virtual ranks, and spares wait for a device (``unplaced``), less
+    the slots of hosts given back to it that no spare of it runs on yet (``coming``: never give
+    one need twice while the first host is on its way)."""
     if view.placement is None or view.phase.over or view.stopping:
         return 0
-    return max(0, min(len(view.placement) - len(set(dict(view.members).values())), unplaced))
+    return max(0, min(len(view.placement) - len(set(dict(view.members).values())), unplaced) - coming)

@@ -83,6 +83,7 @@ class JobRunner:
         self._started = False                  # coord.start (or the rejoin) returned: commands reach it
         self._cancel_pending = ""              # cancelled before that, by whom
         self.spare_hosts: dict[str, int] = {}   # host -> the spare slots it holds for this job (0: a rank host)
+        self.returned: set[str] = set()          # hosts given back to it while it ran shrunk (lending.py)
         self.worker_env = self._worker_env(int(cfg.launch.nproc // max(1, cfg.hosts.remote_nodes)))
 
     def _worker_env(self, per_node: int) -> dict[str, str]:
@@ -134,7 +135,13 @@ class JobRunner:
         return shrink_ranks(self.coord.view, self.cfg.capacity.elastic, lambda w: self.coord.nodes.workers[w].node)
 
     def regrow_slots(self) -> int:
-        return regrow_slots(self.coord.view, self.coord.executor.unplaced) if self.cfg.capacity.elastic else 0
+        """(From the service's thread.) Device slots it lacks to grow back (``pause.regrow_slots``);
+        a host given back that none of its workers runs on yet is still coming."""
+        if not self.cfg.capacity.elastic:
+            return 0
+        used = {w.node for w in list(self.coord.nodes.workers.values())}
+        coming = sum(n for h, n in list(self.spare_hosts.items()) if h in self.returned and h not in used)
+        return regrow_slots(self.coord.view, self.coord.executor.unplaced, coming)
 
     def shrink_off(self, loan: ev.DeviceLoaned, channels: dict[str, Any]) -> None:
         """From the service's thread: this elastic job lends ``loan.hosts`` by shrinking. Its

@@ -112,6 +112,9 @@ def test_an_elastic_best_effort_job_lends_its_host_by_shrinking_then_grows_back_
     wrong = sorted(k for k in set(got) | set(samples) if got.get(k) != samples.get(k))
     unsaid = [k for k in wrong if k not in got and k[0] == resumed and k[1] in moved]
     assert [k for k in wrong if k not in unsaid] == [] and len(unsaid) <= 1, (wrong[:10], resumed)
+    for line in log.splitlines():       # the downtimes, for whoever reads the output (-s)
+        if re.search(r"\] (RESUMED|SHRINK|REGROW|LEND|LOAN) ", line):
+            print(line[:240])
     for epoch in range(LOW_STEPS // PER_EPOCH):
         seen = [i for (step, _), idx in samples.items() if step // PER_EPOCH == epoch for i in idx]
         assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch}: a sample trained twice or not at all"

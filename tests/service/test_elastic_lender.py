@@ -69,6 +69,7 @@ def test_what_the_decision_reads_of_a_running_elastic_job():
     assert regrow_slots(full, 1) == 0                                         # not shrunk
     shrunk = view_of({0: "w0"}, (0, 0))
     assert regrow_slots(shrunk, 1) == 1 and regrow_slots(shrunk, 0) == 0      # no spare waits: nothing to give
+    assert regrow_slots(shrunk, 1, coming=1) == 0                             # a host given back is on its way
 
 
 def test_idle_hosts_go_back_to_the_job_running_shrunk_never_a_host_it_worked_on():

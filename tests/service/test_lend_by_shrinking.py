@@ -34,7 +34,7 @@ class StandIn:
         self.coord = SimpleNamespace(view=SimpleNamespace(phase=JobPhase.RECOVERING))
         self.cfg = SimpleNamespace(script="train.py", script_args=[])
         self.worker_env, self.telemetry_period, self.events = {}, 0.0, queue.Queue()
-        self.shrunk_off, self.ranks, self.regrow = [], {h: 1 for h in hosts}, 0
+        self.shrunk_off, self.ranks, self.regrow, self.returned = [], {h: 1 for h in hosts}, 0, set()
 
     def pause(self, loan):
         self.pausing = loan
@@ -47,7 +47,7 @@ class StandIn:
         return (self.policy.elastic, tuple(sorted(self.ranks.items()))) if self.policy.elastic else (None, ())
 
     def regrow_slots(self):
-        return self.regrow
+        return self.regrow - len(self.returned)      # (the runner: hosts given back with no spare yet)
 
     def shrink_off(self, loan, channels):
         self.loans.append(loan)
@@ -93,6 +93,9 @@ def test_an_elastic_lender_shrinks_off_one_host_which_goes_to_the_borrower_then_
             svc._give_back()
         assert svc.hosts["c2"].state.phase is HostPhase.BUSY and svc.hosts["c2"].state.job == "low"
         assert low.spare_hosts == {"c2": 1} and svc.hosts["e"].state.phase is HostPhase.IDLE
+        with svc._lock:
+            svc._give_back()                                       # c2 is on its way: e is not given too
+        assert svc.hosts["e"].state.phase is HostPhase.IDLE and low.returned == {"c2"}
     finally:
         svc.stop()
 
