@@ -31,8 +31,9 @@ an integer); the default is research. Queued jobs are placed highest priority fi
 loses a rank with no idle spare left borrows a device from a running job of strictly lower
 priority submitted --preemptible: that job is paused (a signed checkpoint to its
 --checkpoint-dir, which --preemptible requires), queued again, and resumes from that
-checkpoint, losing no step, when capacity returns. --elastic MIN_RANKS is recorded and shown
-(shrinking is not done yet: an elastic lender is paused like any other)."""
+checkpoint, losing no step, when capacity returns. A lender submitted --elastic MIN_RANKS (a
+script over job.virtual_ranks) that keeps at least MIN_RANKS ranks is not paused: it shrinks,
+keeps training, and grows back on a host that is idle again."""
 
 COMMON_EPILOG = """\
 the coordinator and secret default to $HOTSPARE_COORDINATOR and $HOTSPARE_SECRET_FILE.

@@ -149,9 +149,11 @@ class Preempt:
 @dataclass(frozen=True)
 class DeviceLoaned:
     """The coordinator service gave ``hosts`` (``slots`` device slots) to job ``borrower``, short
-    of devices for a lost rank; ``lender``: the preemptible job of lower priority paused to free
-    them ("" when they were idle in the pool). ``reason`` is the decision's
-    (``hotspare.service.borrow``). The service queues it to both jobs; each report holds it."""
+    of devices for a lost rank; ``lender``: the preemptible job of lower priority that freed
+    them ("" when they were idle in the pool), and how (``lender_gives``: "pause", it is paused
+    whole; "shrink", an elastic lender goes on without its ranks on those hosts; "" from the
+    pool). ``reason`` is the decision's (``hotspare.service.borrow``). The service queues it to
+    both jobs; each report holds it."""
     borrower: str
     lender: str
     hosts: tuple[str, ...]
@@ -160,6 +162,7 @@ class DeviceLoaned:
     lender_priority: int | None
     reason: str
     t: float
+    lender_gives: str = ""
 
 
 Event = Union[NodeConnected, NodeLost, NodeResumed, NodeReleased, AgentRefused, DeviceChecked, WorkerStarted, WorkerStopped, WorkerExited,

@@ -13,14 +13,21 @@ The rules, in order:
    than the borrower: never an equal or higher one, never a non-preemptible one. Among those,
    a job already being paused goes first (its hosts are freed anyway), then the lowest
    priority, then the one started last (it loses the least work if its checkpoint failed).
-   It lends only if it alone covers what the borrower lacks; it is paused whole (its state
-   in a signed checkpoint, requeued, resumed when capacity returns).
+   It lends only if it alone covers what the borrower lacks. An ``--elastic MIN`` lender
+   that keeps at least MIN ranks without those hosts **shrinks** (its ranks there are
+   released, their virtual ranks go to its survivors with the committed step's state from
+   memory, and it keeps training); any other lender is paused whole (its state in a signed
+   checkpoint, requeued, resumed when capacity returns).
 4. A host is given once: a host promised to one borrower (``promised``, or earlier in the same
    decision) is never given to another. Two failures racing for the last borrowable host are
    served one each, or the second waits.
 
 The borrower takes the fewest hosts that cover its need (largest first, then by name); a
 borrowed host serves the borrower as a spare host: its warm spare path takes the lost rank.
+
+``decide_returns(shrunk, idle)`` gives a lender that shrank its capacity back: idle hosts go to
+the jobs running shrunk (highest priority first), each as a spare host on which the job grows
+back (``policy.shrink.decide_regrow``).
 """
 from __future__ import annotations
 
@@ -50,6 +57,15 @@ class Holder:
     hosts: tuple[tuple[str, int], ...]
     started: float
     pausing: bool = False                # already being paused to lend (its hosts are being freed)
+    elastic: int | None = None           # --elastic MIN, when it could shrink now (None: it cannot)
+    ranks: tuple[tuple[str, int], ...] = ()   # host -> its live ranks there (an elastic job's)
+
+    def can_shrink_off(self, hosts: tuple[str, ...]) -> bool:
+        """Whether it keeps at least its --elastic minimum of ranks without ``hosts``."""
+        if self.elastic is None:
+            return False
+        left = sum(n for h, n in self.ranks if h not in hosts)
+        return left >= max(1, self.elastic) and left < sum(n for _, n in self.ranks)
 
 
 @dataclass(frozen=True)
@@ -64,7 +80,8 @@ class Idle:
 class Loan:
     """``hosts`` (``slots`` slots) go to ``borrower``; ``lender``: the job paused to free them
     (None: they were idle in the pool); ``pause``: the lender must be told to pause now (it
-    is not being paused already)."""
+    is not being paused already); ``shrink``: the lender is elastic and gives the hosts by
+    shrinking (it is not paused)."""
     borrower: str
     borrower_priority: int
     lender: str | None
@@ -73,6 +90,17 @@ class Loan:
     slots: int
     pause: bool
     reason: str
+    shrink: bool = False
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """A running elastic job short of ``slots`` device slots to grow back to its size.
+    ``exclude``: hosts it may not be given (those it worked on already)."""
+    job: str
+    priority: int
+    slots: int
+    exclude: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -103,6 +131,7 @@ def decide_loans(wants: list[Want], idle: list[Idle], holders: list[Holder],
                  promised: frozenset[str] = frozenset()) -> LoanDecision:
     taken = set(promised)
     paused_now: set[str] = set()
+    shrunk_now: set[str] = set()
     loans: list[Loan] = []
     waiting: dict[str, str] = {}
     for want in sorted((w for w in wants if w.slots > 0), key=lambda w: (-w.priority, w.since, w.job)):
@@ -131,6 +160,9 @@ def decide_loans(wants: list[Want], idle: list[Idle], holders: list[Holder],
             if h.priority >= want.priority:
                 refused.append(f"{_label(h.job, h.priority)} is not of lower priority")
                 continue
+            if h.job in shrunk_now:
+                refused.append(f"{h.job} is shrinking to lend already")
+                continue
             left = [(host, slots) for host, slots in h.hosts if host not in taken]
             pick = _cover(left, want.slots)
             if pick is None:
@@ -146,14 +178,38 @@ def decide_loans(wants: list[Want], idle: list[Idle], holders: list[Holder],
         hosts = tuple(h for h, _ in pick)
         taken.update(hosts)
         already = lender.pausing or lender.job in paused_now
-        paused_now.add(lender.job)
+        # an elastic lender shrinks once per decision (its picture is stale after that)
+        shrink = not already and lender.job not in shrunk_now and lender.can_shrink_off(hosts)
+        (shrunk_now if shrink else paused_now).add(lender.job)
         order = ("already being paused" if already else
                  "the lowest priority below it" + (", started last" if len(candidates) > 1 else ""))
+        left = sum(n for h, n in lender.ranks if h not in hosts)
+        how = ("" if already else
+               f"; it shrinks to {left} rank(s) (--elastic {lender.elastic}: its virtual ranks there go to its "
+               "survivors, state of the committed step from memory) and keeps training" if shrink else
+               "; it is paused (signed checkpoint, requeued, resumed when capacity returns)")
         loans.append(Loan(want.job, want.priority, lender.job, lender.priority, hosts, sum(s for _, s in pick),
-                          not already,
+                          not already and not shrink,
                           f"{who} is short of {want.slots} device slot(s) and no idle host is left: "
                           f"{_label(lender.job, lender.priority)}, preemptible, {order}, lends "
-                          f"{', '.join(hosts)}" + ("" if already else "; it is paused (signed checkpoint, "
-                                                    "requeued, resumed when capacity returns)")))
+                          f"{', '.join(hosts)}{how}", shrink))
     reason = "; ".join([l.reason for l in loans] + list(waiting.values())) or "nobody is short of devices"
     return LoanDecision(tuple(loans), tuple(waiting), reason, waiting)
+
+
+def decide_returns(shrunk: list[Shrunk], idle: list[Idle],
+                   promised: frozenset[str] = frozenset()) -> list[tuple[str, tuple[str, ...]]]:
+    """(job, hosts) for each job running shrunk that idle hosts (not promised, not one it worked
+    on) can grow back: highest priority first, the fewest hosts that cover its slots, else as
+    many as there are (each grows it back by what it holds)."""
+    taken = set(promised)
+    out = []
+    for s in sorted((s for s in shrunk if s.slots > 0), key=lambda s: (-s.priority, s.job)):
+        free = [(h.host, h.slots) for h in sorted(idle, key=lambda h: (not h.spare, h.host))
+                if h.host not in taken and h.host not in s.exclude and h.slots > 0]
+        pick = _cover(free, s.slots) or free
+        if pick:
+            hosts = tuple(h for h, _ in pick)
+            taken.update(hosts)
+            out.append((s.job, hosts))
+    return out

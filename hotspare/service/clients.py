@@ -102,6 +102,8 @@ class Clients:
         if len(self.db.jobs((states.QUEUED,))) >= MAX_QUEUED:
             raise ConfigError(f"{MAX_QUEUED} jobs are queued already")
         policy = policy_of(args, request["nodes"] * request["nproc_per_node"])
+        if policy.elastic is not None:       # the job runs over virtual ranks and may shrink (run_config)
+            request["elastic"] = policy.elastic
         from hotspare.service.checks import service_preflight
         cfg = run_config(request, self.host, self.secret_file, self.allow_inject)
         if policy.preemptible and not cfg.checkpoint.checkpoint_dir:

@@ -10,7 +10,9 @@ writes what it returns to the database and the log).
     idle      -> busy        a spare host given straight to a running job short of spares
     reserved  -> busy        the placement was committed: the job's ``assign`` goes to the agent
     reserved  -> idle        the job was cancelled while its store started: never told, back
-    busy      -> releasing   its job ended and its agent has not yet said ``released``
+    busy      -> releasing   its job ended and its agent has not yet said ``released``; or its
+                             running elastic job lends it by shrinking (``Lent``): the agent ends
+                             that job's workers there and says ``released``
     busy      -> idle        its job ended and its agent said ``released`` (its workers are gone)
     releasing -> idle        the agent said ``released`` for that job
     releasing -> gone        it did not within ``RELEASE_WAIT_S``: the service closes its link (an
@@ -133,6 +135,13 @@ class Released:
 
 
 @dataclass(frozen=True)
+class Lent:
+    """Its running ``job`` (elastic) gives it up by shrinking: its agent is asked to end the
+    job's workers there; once it says ``released`` the host is idle (for the borrower)."""
+    job: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passes: a host releasing for longer than ``RELEASE_WAIT_S`` is cut off."""
 
@@ -142,7 +151,7 @@ class LinkLost:
     pass
 
 
-HostEvent = Union[Registered, Reserved, Unreserved, Assigned, JobEnded, Released, Tick, LinkLost]
+HostEvent = Union[Registered, Reserved, Unreserved, Assigned, JobEnded, Lent, Released, Tick, LinkLost]
 
 
 def _move(state: HostState, to: HostPhase, job: str | None, now: float) -> HostState:
@@ -189,6 +198,11 @@ def transition(state: HostState, event: HostEvent, now: float) -> tuple[HostStat
         if event.released:
             return _move(state, HostPhase.IDLE, None, now), f"{job} ended and its agent released: back in the pool"
         return _move(state, HostPhase.RELEASING, job, now), f"{job} ended: waiting for its agent to release"
+    if isinstance(event, Lent):
+        if phase is not HostPhase.BUSY:
+            return state, f"lent by {job} while {state.describe()}: nothing to do"
+        return (_move(state, HostPhase.RELEASING, job, now),
+                f"{job} shrinks to lend it: waiting for its agent to release")
     if isinstance(event, Released):
         if phase is HostPhase.BUSY:
             return state, f"released {job} while it runs: the job's coordinator handles it"

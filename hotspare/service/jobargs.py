@@ -99,12 +99,14 @@ def check_run_args(run_args: list[str], script: str, script_args: list[str], all
 
 def run_config(request: dict[str, Any], listen_host: str, secret_file: str, allow_inject: bool = False) -> RunConfig:
     """The job's typed configuration from a ``submit`` request: its own flags (checked by
-    ``check_run_args``), the world size, and the service's part (the hosts are remote, the
+    ``check_run_args``), the world size, --elastic, and the service's part (the hosts are remote, the
     store binds the service's address, the service's secret)."""
     world = int(request["nodes"]) * int(request["nproc_per_node"])
     run_args = [str(a) for a in request["run_args"]]
     script, args = str(request["script"]), [str(a) for a in request["args"]]
     check_run_args(run_args, script, args, allow_inject)
+    # --elastic MIN (the request's, checked at submit): the job runs over virtual ranks and may shrink
+    elastic = ["--elastic", str(int(request["elastic"]))] if request.get("elastic") is not None else []
     return parse([*run_args, "--nproc", str(world), "--spares", str(int(request["spares"])),
                   "--local-nodes", "0", "--remote-nodes", str(int(request["nodes"])), "--listen", f"{listen_host}:0",
-                  "--secret-file", secret_file, "--", script, *args])
+                  "--secret-file", secret_file, *elastic, "--", script, *args])

@@ -8,7 +8,13 @@ host of the borrower, whose executor starts the spare that waited there and reco
 from a survivor's memory as with any spare. A loan from a running job pauses that job
 (``JobRunner.pause``: a signed checkpoint, then it is queued again) and *promises* the hosts to
 the borrower; when the lender's agents have released them (``hostlife``: idle again), they go
-to the borrower before anything else is placed (``_honour_loans``). A promised host is never
+to the borrower before anything else is placed (``_honour_loans``). An elastic lender above its
+minimum is not paused: it *shrinks* (``JobRunner.shrink_off``): the host leaves it (``Lent``:
+releasing, so its cold replacement can never start there), its agent ends the job's workers
+there, and the job goes on with its virtual ranks on the survivors, state of the committed
+step from memory (``policy.shrink``); once the agent said ``released`` the host is the
+borrower's as above. A job running shrunk is given idle hosts back as spare hosts
+(``_give_back``, ``borrow.decide_returns``), on which it grows back (``Regrow``). A promised host is never
 decided on again, so one host is never given to two jobs. Both jobs get the one
 ``DeviceLoaned`` event (their logs, event streams and reports); the database's log says it too.
 """
@@ -18,7 +24,8 @@ import time
 from dataclasses import dataclass
 
 from hotspare.coordinator import events as ev
-from hotspare.service.borrow import Holder, Idle, Loan, Want, decide_loans
+from hotspare.service.borrow import Holder, Idle, Loan, Shrunk, Want, decide_loans, decide_returns
+from hotspare.service import hostlife as life
 from hotspare.service.hostlife import HostPhase
 
 
@@ -67,7 +74,7 @@ class Lending:
             hosts = tuple((n, self._slots(n)) for n in r.nodes if n in self.hosts
                           and (self.hosts[n].state.phase, self.hosts[n].state.job) == (HostPhase.BUSY, job))
             holders.append(Holder(job, r.policy.priority, r.policy.preemptible, hosts, r.started_at,
-                                  r.pausing is not None))
+                                  r.pausing is not None, *r.shrinkable()))
         idle = [Idle(h.name, len(h.devices), h.spare) for h in self.free_hosts() if h.devices]
         return wants, idle, holders
 
@@ -91,8 +98,9 @@ class Lending:
 
     def _carry_out(self, loan: Loan, now: float) -> None:
         """(Under the lock.) One loan: the event to both jobs, then the hosts or the pause."""
+        gives = "" if loan.lender is None else "shrink" if loan.shrink else "pause"
         event = ev.DeviceLoaned(loan.borrower, loan.lender or "", loan.hosts, loan.slots, loan.borrower_priority,
-                                loan.lender_priority, loan.reason, now)
+                                loan.lender_priority, loan.reason, now, gives)
         borrower = self.runners[loan.borrower]
         self.log(f"[{loan.borrower}] LOAN    {loan.reason}")
         self.db.event(f"borrows {', '.join(loan.hosts)} from {loan.lender or 'the idle pool'}: {loan.reason}",
@@ -105,7 +113,11 @@ class Lending:
             self._promised[host] = (loan, event)
         self.db.event(f"lends {', '.join(loan.hosts)} to {loan.borrower}: {loan.reason}", loan.lender)
         lender = self.runners[loan.lender]
-        if loan.pause:
+        if loan.shrink:
+            for host in loan.hosts:        # releasing: no longer the lender's to place on, nor routed to it
+                self._apply(host, life.Lent(loan.lender))
+            lender.shrink_off(event, {host: self.hosts[host].channel for host in loan.hosts})
+        elif loan.pause:
             lender.pause(event)
         else:
             lender.note_loan(event)
@@ -130,3 +142,16 @@ class Lending:
             self._assign(borrower, [host], spare_host=True)
         if dropped and self._wants:
             self._lend()
+
+    def _give_back(self) -> None:
+        """(Under the lock.) Idle hosts go to the jobs running shrunk, as spare hosts: each grows
+        back on the spare its executor starts there (``Regrow`` at a step boundary)."""
+        shrunk = [Shrunk(job, r.policy.priority, r.regrow_slots(), frozenset(r.nodes))
+                  for job, r in self.runners.items() if r.pausing is None]
+        idle = [Idle(h.name, len(h.devices), h.spare) for h in self.free_hosts() if h.devices]
+        for job, hosts in decide_returns(shrunk, idle, frozenset(self._promised)):
+            runner = self.runners[job]
+            self.log(f"[{job}] LOAN    {', '.join(hosts)} idle again: it runs shrunk, so it grows back there")
+            self.db.event(f"grows back on {', '.join(hosts)}", job)
+            runner.returned.update(hosts)
+            self._assign(runner, list(hosts), spare_host=True)

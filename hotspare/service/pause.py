@@ -6,10 +6,16 @@ from memory to the job's --checkpoint-dir, and the job stops. The service then q
 with ``resume_request`` (its own flags, ``--resume`` that very checkpoint), so it resumes at
 the step it was paused at, bit for bit, once capacity returns; ``pause_record`` is what its
 report keeps of each pause. ``short_of`` is how a running job says it needs a device.
+
+An ``--elastic`` lender above its minimum is not paused but shrinks (``hotspare.service.lending``):
+``shrink_ranks`` is what the loan decision reads of it (its minimum and its live ranks per host,
+only while it runs at a step boundary's pace: running, nothing lost, no regrow or migration in
+flight), and ``regrow_slots`` how many device slots it lacks to grow back to its size.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from typing import Any, Callable
 
 from hotspare.policy.phase import JobPhase
 
@@ -51,3 +57,25 @@ def pause_record(loan: dict[str, Any], report: dict[str, Any], checkpoint, asked
             "checkpoint_step": step, "lost_steps": lost, "pause_s": round(ended_at - asked_at, 3),
             "asked_at": asked_at, "ended_at": ended_at, "outcome": report.get("outcome"),
             "final_state_digest": report.get("final_state_digest")}
+
+
+def shrink_ranks(view, elastic: int | None, node_of: Callable[[str], str]) -> tuple[int | None,
+                                                                                  tuple[tuple[str, int], ...]]:
+    """(its --elastic minimum, (host, live ranks there) ...) of a job that could shrink to lend a
+    host now; (None, ()) when it cannot: not elastic, or not running steady (starting,
+    recovering, a rank lost, a regrow or migration in flight, finishing)."""
+    if (elastic is None or view.placement is None or view.phase is not JobPhase.RUNNING or view.lost
+            or view.regrowing is not None or view.migrating is not None or view.done or view.stopping):
+        return None, ()
+    per_host = Counter(node_of(w) for w in set(dict(view.members).values()))
+    return elastic, tuple(sorted(per_host.items()))
+
+
+def regrow_slots(view, unplaced: int, coming: int = 0) -> int:
+    """Device slots an elastic job running shrunk lacks to grow back: its virtual ranks run on
+    fewer workers than it has virtual ranks, and spares wait for a device (``unplaced``), less
+    the slots of hosts given back to it that no spare of it runs on yet (``coming``: never give
+    one need twice while the first host is on its way)."""
+    if view.placement is None or view.phase.over or view.stopping:
+        return 0
+    return max(0, min(len(view.placement) - len(set(dict(view.members).values())), unplaced) - coming)

@@ -5,8 +5,9 @@ QOS's priority, named by a few classes (``CLASSES``); ``hotspare submit --priori
 class name or the integer itself. Higher runs first: the queue is placed in ``queue_order``
 (priority, then submission), and a job that loses a rank with no spare left may borrow a
 device only from a job of strictly lower priority that was submitted ``--preemptible``
-(``hotspare.service.borrow``). ``--elastic MIN_RANKS`` is recorded and shown; the service does
-not shrink jobs yet (a lender is paused whole, its state kept in a signed checkpoint).
+(``hotspare.service.borrow``). ``--elastic MIN_RANKS`` runs the job over virtual ranks: as a
+lender above its minimum it shrinks (and grows back when a host is idle again) instead of being
+paused whole (its state kept in a signed checkpoint).
 
 docs/DEPLOY.md ("Priorities and borrowed devices") maps the classes onto Kueue and Slurm.
 """

@@ -28,7 +28,7 @@ from hotspare.errors import ConfigError
 from hotspare.protocol.messages import make
 from hotspare.service import db as states
 from hotspare.service.db import StateDB
-from hotspare.service.pause import pause_record, resume_request, short_of
+from hotspare.service.pause import pause_record, regrow_slots, resume_request, short_of, shrink_ranks
 from hotspare.service.priority import JobPolicy
 
 SAVE_EVERY_S = 1.0
@@ -83,6 +83,7 @@ class JobRunner:
         self._started = False                  # coord.start (or the rejoin) returned: commands reach it
         self._cancel_pending = ""              # cancelled before that, by whom
         self.spare_hosts: dict[str, int] = {}   # host -> the spare slots it holds for this job (0: a rank host)
+        self.returned: set[str] = set()          # hosts given back to it while it ran shrunk (lending.py)
         self.worker_env = self._worker_env(int(cfg.launch.nproc // max(1, cfg.hosts.remote_nodes)))
 
     def _worker_env(self, per_node: int) -> dict[str, str]:
@@ -125,6 +126,38 @@ class JobRunner:
                 self._cancel_pending = self._cancel_pending or f"the service (lending to {loan.borrower})"
                 return
         self.events.put(ev.OperatorCommand({"type": "pause"}, "the service", lambda reply: None, time.time()))
+
+    def shrinkable(self) -> tuple[int | None, tuple[tuple[str, int], ...]]:
+        """(From the service's thread.) Its --elastic minimum and live ranks per host, when it
+        could shrink to lend a host now (``pause.shrink_ranks``)."""
+        if self.pausing is not None:
+            return None, ()
+        return shrink_ranks(self.coord.view, self.cfg.capacity.elastic, lambda w: self.coord.nodes.workers[w].node)
+
+    def regrow_slots(self) -> int:
+        """(From the service's thread.) Device slots it lacks to grow back (``pause.regrow_slots``);
+        a host given back that none of its workers runs on yet is still coming."""
+        if not self.cfg.capacity.elastic:
+            return 0
+        used = {w.node for w in list(self.coord.nodes.workers.values())}
+        coming = sum(n for h, n in list(self.spare_hosts.items()) if h in self.returned and h not in used)
+        return regrow_slots(self.coord.view, self.coord.executor.unplaced, coming)
+
+    def shrink_off(self, loan: ev.DeviceLoaned, channels: dict[str, Any]) -> None:
+        """From the service's thread: this elastic job lends ``loan.hosts`` by shrinking. Its
+        coordinator takes each host as lost first (its ranks there are lost with it, and no
+        replacement is ever placed there), then the host's agent ends the job's workers there;
+        the job shrinks through ``policy.shrink`` (virtual ranks to the survivors, state of the
+        committed step from their memory, every byte kept) and keeps training."""
+        self.note_loan(loan)
+        self.log(f"LEND    {', '.join(loan.hosts)} to {loan.borrower}: shrinking (--elastic "
+                 f"{self.cfg.capacity.elastic}) instead of pausing; its ranks there are released")
+        for host, channel in channels.items():
+            self.events.put(ev.NodeLost(host, channel, time.time()))
+            try:
+                channel.send(make("shutdown", grace=0.0))
+            except (OSError, AttributeError):
+                pass                       # its link closed: the job sees it lost all the same
 
     def note_loan(self, loan: ev.DeviceLoaned) -> None:
         """From the service's thread: the loan goes into this job's report, and to its event

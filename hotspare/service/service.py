@@ -290,7 +290,8 @@ class Service(Clients, Lending):
 
     def _place_queued(self) -> None:
         """Hosts promised to a borrower go to it first, then jobs short of devices for lost
-        ranks are served, then the queue is placed, highest priority first."""
+        ranks are served, then the queue is placed, highest priority first, then jobs running
+        shrunk grow back."""
         with self._lock:
             self._honour_loans()
         self._lend()
@@ -305,6 +306,8 @@ class Service(Clients, Lending):
                 for name in [*hosts, *spare_hosts]:
                     self._apply(name, life.Reserved(row.id))
             self._start(row, hosts, spare_hosts, per_node)
+        with self._lock:
+            self._give_back()              # a job running shrunk (it lent a host) grows back on what is left
 
     def _start(self, row: states.JobRow, hosts: list[str], spare_hosts: list[str], per_node: int) -> None:
         """Start a job on hosts reserved for it: its store (seconds), its runner, then, as one
@@ -379,7 +382,7 @@ class Service(Clients, Lending):
             runner.events.put(ev.NodeConnected(name, h.agent.hello(devices), h.channel, time.time()))
 
     def _runner(self, row: states.JobRow, store: dict[str, Any]) -> JobRunner:
-        cfg = run_config(row.request, self.host, self.secret_file, self.allow_inject)
+        cfg = run_config({**row.request, "elastic": row.policy.elastic}, self.host, self.secret_file, self.allow_inject)
         return JobRunner(row.id, cfg, self.db, store, self.lease, self.margin, self.log, self._job_ended,
                          registry=self.registry, observe=self.observe, policy=row.policy, request=row.request,
                          short=lambda job, n, seen: self.pool_events.put(ShortOf(job, n, seen, time.time())),

@@ -29,6 +29,12 @@ class StandIn:
     def note_loan(self, loan):
         self.loans.append(loan)
 
+    def shrinkable(self):
+        return None, ()                # not elastic: a lender is paused
+
+    def regrow_slots(self):
+        return 0
+
 
 def test_two_failures_racing_for_the_last_borrowable_host_one_is_served_the_other_waits(tmp_path, secret_file):
     svc = Service("127.0.0.1", 0, auth.load_secret(secret_file), secret_file, str(tmp_path / "state"),
