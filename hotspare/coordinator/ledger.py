@@ -312,6 +312,14 @@ class Ledger:
                 "loop body (before `with step:`) or inside `with torch.random.fork_rng():`")})
         return out
 
+    def holds(self, rank: int, step: int) -> None:
+        """``rank`` says (failed, paused) it holds step ``step``'s state committed: a step whose
+        optimizer stepped before a later collective of its block failed is committed on that rank
+        (runtime/steps.py), though no commit report of it was sent. Counted as reached, so the
+        steps completed agree with the state a checkpoint or a source takes from that rank."""
+        if step > self.commits.get(rank, -1):
+            self.commits[rank] = step
+
     def max_committed(self) -> int:
         return max(self.commits.values(), default=-1)
 

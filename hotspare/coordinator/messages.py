@@ -82,10 +82,14 @@ class WorkerMessages:
             if self.health is not None:
                 # Judge the suspects before the step failure is counted: they must not be a source.
                 self._health_readings(self.health.vote_readings(health, t), t, step=health.get("step"))
+        if msg["gen"] == self.view.generation:
+            self.ledger.holds(msg["rank"], msg["committed"])
         return policy.StepFailed(worker, msg["rank"], msg["gen"], msg["committed"], msg["error"])
 
     def _paused(self, worker: str, msg: Message, t: float) -> policy.Signal:
         self.ledger.paused(t)
+        if msg["gen"] == self.view.generation:
+            self.ledger.holds(msg["rank"], msg["committed"])
         return policy.Paused(worker, msg["rank"], msg["gen"], msg["committed"])
 
     def _handed_off(self, worker: str, msg: Message, t: float) -> None:

@@ -220,3 +220,19 @@ def test_the_production_path_imports_no_fault_injection_and_the_policy_no_torch(
              "print('torch' in sys.modules, 'socket' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["[]", "False False"], out
+
+
+def test_a_step_a_rank_holds_committed_without_its_commit_report_counts_as_completed():
+    """A step whose optimizer stepped before a later collective of its block failed is committed
+    on that rank with no commit report sent (runtime/steps.py): its failed (or paused) report
+    says so, and the steps completed then agree with the state a checkpoint or source takes from
+    it (a paused lender's checkpoint of step 105 with "104 committed" was the symptom)."""
+    ledger = Ledger({})
+    ledger.commit(0, 104, 0.1, 1, 1, 0.0)
+    ledger.holds(0, 105)
+    assert ledger.report()["steps_completed"] == 106
+    ledger.holds(0, 103)                      # an older report never lowers it
+    assert ledger.report()["steps_completed"] == 106
+    ledger.commit(0, 106, 0.1, 2, 1, 1.0)
+    r = ledger.report()
+    assert r["steps_completed"] == 107 and r["steps_repeated"] == 0
