@@ -21,7 +21,12 @@ ARGS = ["--model", "tiny", "--steps", str(STEPS), "--corpus-bytes", "200000"]
 def torchrun_digest(tmp_path, mode):
     stats = tmp_path / f"torchrun-{mode}.json"
     proc, _ = run_torchrun([*ARGS, mode, "--stats", str(stats)], EXAMPLE, stats_flag=None)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # Plain torchrun, no hotspare: gloo's threads can abort a worker as it exits, after its last
+    # step and digest (torch 2.13, "terminate called without an active exception"; seen in the
+    # slow pass of 2026-12-06). The reference is then complete; anything else is a failure.
+    aborted_at_exit = ("terminate called without an active exception" in proc.stderr
+                       and f"finished {STEPS} steps" in proc.stdout and stats.exists())
+    assert proc.returncode == 0 or aborted_at_exit, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.load(open(stats))["digest"]
 
 
