@@ -11,26 +11,12 @@ from pathlib import Path
 import pytest
 
 from hotspare.testing.inproc import fault_free, run_inproc
+from hotspare.testing.elastic import trained, virtual_digests
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "elastic.py"
 STEPS = 24
 ARGS = [str(STEPS), "0.1"]    # steps of >= 0.1 s: a cold replacement is ready long before the end
 SAMPLES, PER_EPOCH = 64, 8    # 2 virtual ranks x 8 batches of 4 per epoch
-
-
-def trained(output):
-    """(step, virtual rank) -> the sample indices it trained (a failed attempt's print is
-    overwritten by the re-run's, which trains the same batch)."""
-    out = {}
-    for step, shares in re.findall(r"ELASTIC step (\d+) rank \d+ trained (.*)", output):
-        for share in shares.split():
-            v, idx = share.split(":")
-            out[int(step), int(v)] = [int(i) for i in idx.split(",")]
-    return out
-
-
-def virtual_digests(output):
-    return dict(re.findall(r"ELASTIC virtual (\d+) digest (\w+)", output))
 
 
 def test_elastic_kill_with_no_spare_shrinks_keeps_training_and_regrows_bitwise():

@@ -22,27 +22,13 @@ import pytest
 from hotspare.testing import run_job
 from hotspare.testing.inproc import fault_free
 from hotspare.testing.local import EXAMPLE
+from hotspare.testing.elastic import trained, virtual_digests
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "elastic.py"
 HIGH_STEPS, LOW_STEPS = 400, 480
 HIGH = ["--model", "tiny", "--steps", str(HIGH_STEPS)]
 SAMPLES, PER_EPOCH = 64, 8           # elastic.py: 2 virtual ranks x 8 batches of 4 per epoch
-
-
-def trained(output):
-    """(step, virtual rank) -> the sample indices it trained (an attempt that did not commit
-    printed the same batch its re-run trains)."""
-    out = {}
-    for step, shares in re.findall(r"ELASTIC step (\d+) rank \d+ trained (.*)", output):
-        for share in shares.split():
-            v, idx = share.split(":")
-            out[int(step), int(v)] = [int(i) for i in idx.split(",")]
-    return out
-
-
-def virtual_digests(output):
-    return dict(re.findall(r"ELASTIC virtual (\d+) digest (\w+)", output))
 
 
 @pytest.fixture(scope="module")
