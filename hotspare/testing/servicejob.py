@@ -29,6 +29,20 @@ def new_secret_file(directory: str | None = None) -> str:
     return path
 
 
+def borrower_recovered(row: dict, report: dict, log: str, reference: str, steps: int, on: str) -> dict:
+    """A borrowing job's end, checked: finished, bitwise equal to its fault-free run (``reference``),
+    every step once, its one lost rank (1) recovered from memory by a worker on the borrowed host
+    ``on``. Its one loan record."""
+    assert row["state"] == "finished" and row["code"] == 0, log
+    assert report["final_state_digest"] == reference, "the borrower diverged from its fault-free run"
+    assert report["steps_completed"] == steps and report["steps_lost"] == 0 and report["steps_repeated"] == 0
+    (failure,) = report["failures"]
+    assert failure["rank"] == 1 and failure["recovery_path"] == "memory" and failure["lost_steps"] == 0
+    assert failure["replacement"] in {w["worker"] for w in report["nodes"][on]["workers"]}
+    (loan,) = report["loans"]
+    return loan
+
+
 class ServiceCluster:
     def __init__(self, net: Hosts, secret_file: str, state_dir: str, lease: float = 2.0, margin: float = 1.0,
                  env: dict[str, str] | None = None, echo: bool = False, allow_inject: bool = False):

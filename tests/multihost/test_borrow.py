@@ -12,6 +12,7 @@ import pytest
 
 from hotspare.testing import run_job
 from hotspare.testing.local import EXAMPLE
+from hotspare.testing.servicejob import borrower_recovered
 
 pytestmark = pytest.mark.slow
 HIGH_STEPS, LOW_STEPS = 400, 1200
@@ -46,13 +47,7 @@ def test_a_production_job_borrows_the_best_effort_jobs_host_which_pauses_and_res
 
     row, report = cluster.wait_job(high)
     log = cluster.log.text()
-    assert row["state"] == "finished" and row["code"] == 0, log
-    assert report["final_state_digest"] == reference_high, "the borrower diverged from its fault-free run"
-    assert report["steps_completed"] == HIGH_STEPS and report["steps_lost"] == 0 and report["steps_repeated"] == 0
-    (failure,) = report["failures"]
-    assert failure["rank"] == 1 and failure["recovery_path"] == "memory" and failure["lost_steps"] == 0
-    assert failure["replacement"] in {w["worker"] for w in report["nodes"]["hostc"]["workers"]}
-    (loan,) = report["loans"]
+    loan = borrower_recovered(row, report, log, reference_high, HIGH_STEPS, on="hostc")
     assert loan["kind"] == "device_loaned"
     assert (loan["data"]["borrower"], loan["data"]["lender"], loan["data"]["hosts"]) == (high, low, ["hostc"])
     assert loan["data"]["borrower_priority"] > loan["data"]["lender_priority"]

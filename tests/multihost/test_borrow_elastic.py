@@ -22,6 +22,7 @@ import pytest
 from hotspare.testing import run_job
 from hotspare.testing.inproc import fault_free
 from hotspare.testing.local import EXAMPLE
+from hotspare.testing.servicejob import borrower_recovered
 from hotspare.testing.elastic import trained, virtual_digests
 
 pytestmark = pytest.mark.slow
@@ -61,13 +62,7 @@ def test_an_elastic_best_effort_job_lends_its_host_by_shrinking_then_grows_back_
 
     row, report = cluster.wait_job(high)
     log = cluster.log.text()
-    assert row["state"] == "finished" and row["code"] == 0, log
-    assert report["final_state_digest"] == reference_high, "the borrower diverged from its fault-free run"
-    assert report["steps_completed"] == HIGH_STEPS and report["steps_lost"] == 0 and report["steps_repeated"] == 0
-    (failure,) = report["failures"]
-    assert failure["rank"] == 1 and failure["recovery_path"] == "memory" and failure["lost_steps"] == 0
-    assert failure["replacement"] in {w["worker"] for w in report["nodes"]["hostc"]["workers"]}
-    (loan,) = report["loans"]
+    loan = borrower_recovered(row, report, log, reference_high, HIGH_STEPS, on="hostc")
     assert loan["kind"] == "device_loaned" and loan["data"]["lender_gives"] == "shrink"
     assert (loan["data"]["borrower"], loan["data"]["lender"], loan["data"]["hosts"]) == (high, low, ["hostc"])
     assert "it shrinks to 1 rank(s)" in loan["data"]["reason"]
