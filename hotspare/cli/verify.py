@@ -99,14 +99,33 @@ class Run:
                            "failures for it")
             elif rep.get("failures_total", 0) > want:
                 what = "; ".join(f"rank {f.get('rank')} {f.get('cause')} at step {f.get('step', '?')}"
+                                 + (f" ({f['error']})" if f.get("cause") == "hang" and f.get("error") else "")
                                  for f in failures)
                 why = ("collectives or long work that only some ranks run inside a step (a rank-0-only "
                        "evaluation) look like a hang; if the script has none, report it as hotspare's bug")
                 out.append(f"{rep['failures_total']} failure(s) for {want} fault(s): a rank that was not "
-                           f"failing was fenced ({what}): {why}")
+                           f"failing was fenced ({what}): {why}{_fenced_stacks(self.output)}")
             if rep.get("recovered_zero_loss") != rep.get("failures_total") or rep.get("steps_repeated"):
                 out.append("a step was lost or repeated")
         return out
+
+
+def _fenced_stacks(output: str, most: int = 60) -> str:
+    """Where a fenced rank was: the stacks its threads printed (faulthandler, on the SIGUSR1
+    the coordinator sends before it fences), as the run's output has them."""
+    lines = output.splitlines()
+    keep, inside = [], False
+    for line in lines:
+        if line.lstrip().startswith(("Thread 0x", "Current thread 0x")):
+            inside = True
+        elif inside and not line.lstrip().startswith("File "):
+            inside = False
+        if inside:
+            keep.append("      " + line.strip())
+    if not keep:
+        return ""
+    cut = f"\n      ... {len(keep) - most} more lines" if len(keep) > most else ""
+    return "\n    where the fenced rank was (its threads' stacks):\n" + "\n".join(keep[:most]) + cut
 
 
 def _last_error(output: str) -> str:

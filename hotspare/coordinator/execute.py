@@ -126,7 +126,7 @@ class Executor:
             self.nodes.kill(w, signal.SIGUSR1, group=False)
         time.sleep(FENCE_STACKS_S)
         for r, worker in zip(a.ranks, workers):
-            self.ledger.fenced(worker, t, a.cause, a.rule)
+            self.ledger.fenced(worker, t, a.cause, a.rule, a.reason)
             self.log(f"FENCE   rank {r} ({worker}): {a.reason}; SIGKILL to its process group "
                      "(its threads' stacks are above, from faulthandler)")
             self.nodes.kill(worker, signal.SIGKILL, group=True)

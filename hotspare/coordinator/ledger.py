@@ -142,7 +142,7 @@ class Ledger:
     outcome: str = "running"
     message: str = ""
     fault_at: dict[str, float] = field(default_factory=dict)      # worker -> when a fault was injected into it
-    fences: dict[str, tuple[float, FailureCause, str]] = field(default_factory=dict)  # worker -> (t, cause, rule)
+    fences: dict[str, tuple[float, FailureCause, str, str]] = field(default_factory=dict)  # worker -> (t, cause, rule, why)
     # rank -> {"parts", "first_step", "last_step", "steps" (reports)}: the rank's script changed its per-rank state
     # after the step's gradient exchange (runtime/rankstate.py); a replacement of that rank cannot get it
     after_exchange: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -153,9 +153,10 @@ class Ledger:
         failure's downtime and detection latency run from then."""
         self.fault_at[worker] = t
 
-    def fenced(self, worker: str, t: float, cause: FailureCause, rule: str = "") -> None:
-        """``worker`` was fenced at ``t``: its failure is detected then, for ``cause``."""
-        self.fences[worker] = (t, cause, rule)
+    def fenced(self, worker: str, t: float, cause: FailureCause, rule: str = "", why: str = "") -> None:
+        """``worker`` was fenced at ``t``: its failure is detected then, for ``cause`` (``why``:
+        the detector's words, the record's ``error`` when the worker reported none)."""
+        self.fences[worker] = (t, cause, rule, why)
 
     def member_lost(self, rank: int, worker: str, code: int, t: float, last_step: int | None,
                     error: str | None, node_lost: bool, spare_was_warm: bool) -> FailureRecord:
@@ -164,7 +165,9 @@ class Ledger:
         fence = self.fences.get(worker)
         rule = ""
         if fence is not None:
-            t, cause, rule = fence                  # detected when the detector fired
+            t, cause, rule, *why = fence            # detected when the detector fired (a journal of
+            why = why[0] if why else ""              # an older service holds no reason)
+            error = error if error is not None else (f"fenced: {why}" if why else None)
         elif error is not None:
             cause = FailureCause.EXCEPTION
         elif node_lost:

@@ -31,12 +31,12 @@ def test_a_view_and_a_ledger_come_back_equal():
     ledger.commit(0, 5, 0.1, 1, 4, 10.5)           # a repeated step: a set of tuples
     ledger.failures.append(FailureRecord(cause=FailureCause.NODE_LOST, rank=2, worker="w2", step=17,
                                          detected_at=12.0))
-    ledger.fenced("w1", 11.0, FailureCause.HANG)
+    ledger.fenced("w1", 11.0, FailureCause.HANG, why="no step committed for 9.0 s")
     data = json.loads(json.dumps({"v": persist.encode(view), "l": persist.encode(ledger)}))
     assert persist.decode(data["v"]) == view
     back = persist.decode(data["l"])
     assert back == ledger and back.seen == {(0, 5)} and back.repeated == {5}
-    assert back.fences["w1"] == (11.0, FailureCause.HANG, "")
+    assert back.fences["w1"] == (11.0, FailureCause.HANG, "", "no step committed for 9.0 s")
 
 
 def test_an_elastic_jobs_placement_and_regrow_come_back_equal():
