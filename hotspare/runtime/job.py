@@ -24,8 +24,7 @@ once and passed whole), ``AgentLink`` (runtime/link.py: the control channel), th
 (runtime/driver.py: does what it decides), ``Membership`` (runtime/membership.py: the
 generation's group, joining, state sync through runtime/statesync.py), ``StepProtocol``
 (runtime/steps.py: a step's life and the gradient-exchange seam ``GradientExchange`` that
-runtime/ddp.py calls and a sharded integration would call too), ``HealthVote``
-(runtime/healthvote.py).
+runtime/ddp.py and runtime/sharded.py call), ``HealthVote`` (runtime/healthvote.py).
 
 Outside ``hotspare run`` (plain ``torchrun`` or ``python``) the same calls fall back to plain
 torch.distributed and DDP, so scripts can adopt hotspare gradually.
@@ -92,6 +91,7 @@ class Job:
         self._ddps: list[torch.nn.Module] = []
         self._sharded = None                  # runtime/sharded.py, once job.device_mesh() is called
         self._plain = (0, 1)                  # (rank, world size) outside hotspare run
+        self._owns_group = False              # outside hotspare run: init() created the process group
         self._checked_tracking = False
         self._left_early = False              # the script left job.steps/job.epochs before the end
         self._finished = False
@@ -192,12 +192,13 @@ class Job:
         driver.await_order()
 
     def _start_plain(self) -> None:
-        if not dist.is_initialized():
+        initialized = dist.is_initialized()
+        if not initialized:
             if "WORLD_SIZE" in os.environ:
                 dist.init_process_group(self.backend or ("nccl" if torch.cuda.is_available() else "gloo"))
             else:  # plain `python script.py`: a world of one
                 dist.init_process_group(self.backend or "gloo", store=dist.HashStore(), rank=0, world_size=1)
-        self._plain = (dist.get_rank(), dist.get_world_size())
+        self._plain, self._owns_group = (dist.get_rank(), dist.get_world_size()), not initialized
         atexit.register(self._at_exit)
         self._previous_hook, sys.excepthook = sys.excepthook, self._excepthook
         self.protocol.plain_rank = self._plain[0]
@@ -442,8 +443,12 @@ class Job:
         return self.driver.phase is WorkerPhase.RELEASED
 
     def _at_exit(self) -> None:
-        """The script ends: finish an early stop (runtime/iteration.py ``finish_early_stop``)."""
+        """The script ends: finish an early stop (runtime/iteration.py ``finish_early_stop``); under
+        torchrun, destroy the group init() made (gloo's threads left to the interpreter's teardown
+        have aborted finished workers: "terminate called without an active exception")."""
         finish_early_stop(self)
+        if not self.managed and self._owns_group and not self._crashed and dist.is_initialized():
+            dist.destroy_process_group()
 
     def _excepthook(self, et, ev, tb) -> None:
         self._crashed = True

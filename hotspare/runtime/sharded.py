@@ -35,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import threading
 from typing import Any
 
 import torch
@@ -52,13 +51,13 @@ from hotspare.sharded.mesh import ShardedMesh
 from hotspare.sharded.pause import PauseVote
 from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride
 from hotspare.transfer import buddy as wire
-from hotspare.transfer.buddy import BuddyStore, Buffers, Packet
+from hotspare.transfer.buddy import BuddyStore, Buffers, Packet, Stream, Transfer
 
 # The job (runtime/job.py ``Job``) that creates this runtime: typed loosely so the import goes
 # one way (job.py imports this module).
 Job = Any
 
-THREAD_JOIN_S = 30.0
+THREAD_JOIN_S = wire.JOIN_S
 ENV_STRIDE = "HOTSPARE_BUDDY_STRIDE"
 ENV_EVERY = "HOTSPARE_SNAPSHOT_EVERY"
 DEFAULT_EVERY = 8     # steps between buddy snapshots (the logs of every step fill the gaps)
@@ -78,31 +77,6 @@ def snapshot_every(env=os.environ) -> int:
     return every
 
 
-class _Transfer(threading.Thread):
-    """One packet to or from the buddy group, off the training thread."""
-
-    def __init__(self, fn, *args):
-        super().__init__(daemon=True, name="hotspare-buddy")
-        self._fn, self._args = fn, args
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn(*self._args)
-        except BaseException as e:      # noqa: BLE001 - reported by the training thread
-            self.error = e
-
-    def outcome(self, timeout: float | None = THREAD_JOIN_S) -> Any:
-        self.join(timeout)
-        if self.is_alive():
-            raise PeerFailure("a buddy snapshot transfer did not finish")
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
 class ShardedRuntime:
     def __init__(self, job: Job, shape: tuple[int, ...], names: tuple[str, ...]):
         self.job = job
@@ -113,7 +87,8 @@ class ShardedRuntime:
         self._replaying = False
         self._prepared = False
         self._optimizer: torch.optim.Optimizer | None = None
-        self._sending: tuple[int, _Transfer, _Transfer] | None = None   # (step, send, recv)
+        self._sending: tuple[int, Transfer, Transfer] | None = None   # (step, send, recv)
+        self._streams: dict[tuple[str, str], Stream] = {}   # (kind, "out"/"in") -> this generation's stream
         self._digest: tuple[int, str] | None = None
         self.restores: list[dict[str, Any]] = []     # what each restore of this rank did (the report's)
         # This rank's shard is its own (an original rank, a survivor) or not (a spare, until restored).
@@ -214,17 +189,25 @@ class ShardedRuntime:
         except Exception as e:
             self.job.collectives.note(e)
             raise
-        send = _Transfer(self._send_snapshot, applied, shards, group)
-        recv = _Transfer(self._recv_snapshot, group)
+        send = Transfer(self._send_snapshot, applied, shards, group)
+        recv = Transfer(self._recv_snapshot, group)
         self._sending = (step, send, recv)
+
+    def _stream(self, kind: str, way: str, group) -> Stream:
+        """``kind`` packets to the buddy ("out") or from the predecessor ("in"): a tag per kind."""
+        st = self._streams.get((kind, way))
+        if st is None or st.group is not group:
+            peer = self.buddy if way == "out" else self.pred
+            st = self._streams[(kind, way)] = Stream(group, peer, 1 + wire.KINDS.index(kind))
+        return st
 
     def _send_snapshot(self, step: int, shards, group) -> None:
         packet = wire.pack("state", step, shards, buffers=self._out)
-        wire.send(packet, self.buddy, group)
+        self._stream("state", "out", group).send(packet)
         self._out.give(packet.data)
 
     def _recv_snapshot(self, group) -> Packet:
-        packet = wire.recv(self.pred, group, self.store.buffers)
+        packet = self._stream("state", "in", group).recv(self.store.buffers)
         packet.verify()          # here, off the training thread
         return packet
 
@@ -263,8 +246,8 @@ class ShardedRuntime:
         log = wire.pack("log", step, rp.grads(opt), {"groups": rp.hyper(opt), "none": rp.none_grads(opt)},
                         buffers=self._out)
         group = self.mesh.buddy_group()
-        out = _Transfer(wire.send, log, self.buddy, group)
-        pred_log = wire.recv(self.pred, group, self.store.buffers)
+        out = Transfer(self._stream("log", "out", group).send, log)
+        pred_log = self._stream("log", "in", group).recv(self.store.buffers)
         out.outcome()
         self._out.give(log.data)
         self.store.add_log(self.pred, pred_log)
@@ -290,6 +273,7 @@ class ShardedRuntime:
                     print(f"hotspare: rank {self.job.rank}: {e}", file=sys.stderr, flush=True)
         if self.mesh is not None:
             self.mesh.forget()
+        self._streams.clear()
         self.reset_modules()
 
     def reset_modules(self) -> None:
@@ -400,7 +384,7 @@ class ShardedRuntime:
         self._sent = step
         group = self.mesh.buddy_group()
         mine = wire.pack("state", step, self._shards(), buffers=self._out)
-        out = _Transfer(wire.send, mine, self.buddy, group)
+        out = Transfer(wire.send, mine, self.buddy, group)
         got = wire.recv(self.pred, group, self.store.buffers)
         out.outcome()
         nbytes = mine.nbytes
