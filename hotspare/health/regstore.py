@@ -42,6 +42,15 @@ class FileStore:
     def __init__(self, path: Path):
         self.path = path
 
+    def stamp(self) -> tuple[int, ...] | None:
+        """What identifies the file's present version without reading it (inode, times, size:
+        every write renames a new file over it); None when it cannot be had."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
+
     def read(self) -> str | None:
         try:
             return self.path.read_text(encoding="utf-8")

@@ -83,6 +83,25 @@ def test_revision_lets_a_poller_see_only_what_changed(reg_path):
     assert reg.changed_since(rev) == (rev, [])
 
 
+def test_a_poller_reads_the_file_only_when_another_process_changed_it(reg_path):
+    # The launcher polls every second for operator commands: an unchanged file is a stat.
+    reg = Registry(reg_path)
+    reg.ensure("n1/gpu0")
+    reads = []
+    real = reg.store.read
+    reg.store.read = lambda: reads.append(1) or real()
+    rev, _ = reg.changed_since(0)
+    for _ in range(5):
+        assert reg.changed_since(rev) == (rev, [])
+    assert len(reads) <= 1
+    for i in range(3):         # three writes by "another process" in quick succession: each seen
+        Registry(reg_path).cordon("n1/gpu0", f"operator, take {i}") if i % 2 == 0 else \
+            Registry(reg_path).uncordon("n1/gpu0", "back")
+        rev2, changed = reg.changed_since(rev)
+        assert rev2 == rev + 1 and [r.device for r in changed] == ["n1/gpu0"], i
+        rev = rev2
+
+
 def test_full_way_out_and_back_through_diagnostics(reg_path):
     reg = Registry(reg_path, passes_required=3, clock=Clock())
     reg.ensure("n1/gpu0")
