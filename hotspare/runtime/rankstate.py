@@ -302,8 +302,12 @@ class RowTable:
         self._own: tuple[int, torch.Tensor] | None = None    # (step, this rank's row) of its last exchange
         self.own_at_commit: torch.Tensor | None = None       # this rank's state as its last step committed
         self._store: tuple[Any, int] | None = None           # (store, world) the rows were last written to
+        self._flagged = False                                # the rows in flight carry a flag byte each
 
-    def begin(self, group: Any, world: int, step: int, store: Any = None, rank: int | None = None) -> None:
+    def begin(self, group: Any, world: int, step: int, store: Any = None, rank: int | None = None,
+              flag: int | None = None) -> None:
+        """``flag``: one byte more per rank, gathered with the rows (a sharded gate's pause vote);
+        ``finish`` returns every rank's."""
         if self._inflight is not None:
             return      # this backward's rows are on their way (two DDP models in one backward)
         own = self.state.capture()
@@ -313,7 +317,9 @@ class RowTable:
             self._store = (store, world)
             self._inflight = (step, None, None, own)
             return
-        wire, rows = _on_wire(group, own, world)
+        self._flagged = flag is not None
+        sent = own if flag is None else torch.cat([own, torch.tensor([flag], dtype=torch.uint8)])
+        wire, rows = _on_wire(group, sent, world)
         self._inflight = (step, group.all_gather(rows, wire), rows, own)
 
     def publish_top(self, store: Any, rank: int, step: int, own: torch.Tensor) -> bool:
@@ -343,15 +349,22 @@ class RowTable:
                 rows[rank] = top
         return rows.view(-1)
 
-    def finish(self) -> None:
+    def finish(self) -> torch.Tensor | None:
+        """Wait for the rows begun; every rank's flag byte when ``begin`` was given one."""
         inflight, self._inflight = self._inflight, None
         if inflight is None:
-            return
+            return None
         step, work, rows, own = inflight
+        flags = None
         if work is not None:
             work.wait()
-            self.keep(step, rows.cpu())
+            rows = rows.cpu()
+            if self._flagged:
+                table = rows.view(-1, own.numel() + 1)
+                rows, flags = table[:, :-1].reshape(-1).clone(), table[:, -1].clone()
+            self.keep(step, rows)
         self._own = (step, own)
+        return flags
 
     def close(self, group: Any, world: int, step: int) -> list[str]:
         """At the end of step ``step`` on every rank: gather if the step had no exchange; the

@@ -11,16 +11,16 @@ The script is torch's own FSDP2 code over hotspare's mesh::
 
 Every step (``with step:``), on every rank (docs/SHARDED.md):
 
-1. As the step's first forward through a tracked FSDP root begins: the pause vote of a live
-   migration starts (sharded/pause.py); and when a snapshot is due (every
-   ``HOTSPARE_SNAPSHOT_EVERY`` steps, default 8), this rank's shards (the local tensors of the
-   model and the optimizer state: the state after the last update, unchanged until this step's
-   ``optimizer.step()``) are packed and sent to its buddy in a thread, overlapped with forward
-   and backward; the rank receives its predecessor's.
+1. As the step's first forward through a tracked FSDP root begins, when a snapshot is due
+   (every ``HOTSPARE_SNAPSHOT_EVERY`` steps, default 8): this rank's shards (the local tensors
+   of the model and the optimizer state: the state after the last update, unchanged until this
+   step's ``optimizer.step()``) are packed and sent to its buddy in a thread, overlapped with
+   forward and backward; the rank receives its predecessor's.
 2. The gate, just before ``optimizer.step()`` (the gradients are reduced and clipped): wait for
    a snapshot in flight; send the buddy the step's final gradient shards and the optimizer's
-   hyperparameters (the *log*); receive the predecessor's; judge the pause vote; then gather
-   every rank's per-rank row (runtime/rankstate.py), as DDP's exchange does. A rank steps only
+   hyperparameters (the *log*); receive the predecessor's; then gather every rank's per-rank
+   row (runtime/rankstate.py), as DDP's exchange does, with each rank's byte of the pause vote
+   of a live migration (sharded/pause.py). A rank steps only
    once that gather is complete, hence only once every rank's buddy holds a snapshot of some
    step s and the logs of s+1 .. k: whatever a failure leaves behind, every rank's shard at
    the survivors' step is in memory. This is the commit rule of runtime/steps.py, unchanged.
@@ -162,8 +162,12 @@ class ShardedRuntime:
         step = self.job.protocol.current
         if self.mesh is None or step is None or self._replaying or self.job.members.world_size < 2:
             return
-        self._start_vote(step)
         if self._snapshot_due(step):
+            try:
+                self.job.members.check()
+            except Exception as e:
+                self.job.collectives.note(e)
+                raise
             self._start_snapshot(step)
 
     def _snapshot_due(self, step: int) -> bool:
@@ -171,15 +175,6 @@ class ShardedRuntime:
         ``every`` steps have committed since the last one (the generation's first exchange is one)."""
         return (bool(self.every) and step - 1 - self._sent >= self.every
                 and (self._sending is None or self._sending[0] != step))
-
-    def _start_vote(self, step: int) -> None:
-        m = self.job.members
-        try:
-            m.check()
-            self.pause.start(step, m.group, m.world_size, m.rank)
-        except Exception as e:
-            self.job.collectives.note(e)
-            raise
 
     def _start_snapshot(self, step: int) -> None:
         shards = self._shards()             # references, taken on the training thread
@@ -220,13 +215,11 @@ class ShardedRuntime:
         m = self.job.members
         try:
             m.check()
-            if m.world_size > 1:
-                self._start_vote(step)          # a step whose forward did not start it
-                if self.every:
-                    self._buddy_gate(step, opt)
-                self.pause.judge(step)          # a live migration leaves once this step is committed
-            p.rows.begin(m.group, m.world_size, step)
-            p.rows.finish()
+            if m.world_size > 1 and self.every:
+                self._buddy_gate(step, opt)
+            # every rank's row, and its byte of the pause vote (sharded/pause.py)
+            p.rows.begin(m.group, m.world_size, step, flag=self.pause.flag() if m.world_size > 1 else None)
+            self.pause.judge(step, p.rows.finish())   # a live migration leaves once this step is committed
         except Exception as e:
             p.collectives.note(e)
             raise PeerFailure(f"sharded step gate: {type(e).__name__}: {e}"[:300]) from e
@@ -260,8 +253,6 @@ class ShardedRuntime:
         """The generation is torn down: finish the buddy transfers in flight (a snapshot that
         arrived whole is kept as ``fresh``), and put FSDP's per-iteration state back."""
         sending, self._sending = self._sending, None
-        if self.mesh is not None:
-            self.pause.drop()
         if sending is not None:
             _, send, recv = sending
             for t in (send, recv):

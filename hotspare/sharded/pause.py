@@ -2,20 +2,21 @@
 
 A DDP job's pause rides on the health vote (runtime/healthvote.py), which also compares the
 replicas' parameter fingerprints: a sharded job's ranks hold different shards, so it has no such
-vote. Here each rank contributes one row, ``[0, 0, 0, 0, I was asked to pause]`` (runtime/vote.py
-``row``), to a tiny asynchronous all-reduce on the generation's group, started as the step's
-first forward begins (it runs while forward and backward compute) and judged in the sharded
-step gate, before any optimizer steps (runtime/sharded.py). A pause agreed there makes every
-rank leave once this same step is committed, as a DDP job's vote does; the migrating rank then
-hands its own state, its shards included, to the spare (runtime/membership.py ``handoff``).
+vote. Here each rank adds one byte, "I was asked to pause", to the per-rank rows the sharded
+step gate gathers anyway (runtime/rankstate.py ``RowTable.begin(flag=...)``), before any
+optimizer steps (runtime/sharded.py): no collective of its own. A pause asked anywhere makes
+every rank leave once this same step is committed, as a DDP job's vote does; the migrating rank
+then hands its own state, its shards included, to the spare (runtime/membership.py ``handoff``).
+
+(Until 2026-12-06 the vote was an all-reduce of its own, started as the step's first forward
+began: on this machine every gloo collective costs each rank about 0.7 ms of gloo's TCP thread,
+about 0.7 % of the 1m example's sharded step; docs/BENCHMARKS.md.)
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
-
-from hotspare.runtime.vote import row, tally
 
 
 class PauseVote:
@@ -23,28 +24,15 @@ class PauseVote:
         """``wants()``: this rank was asked to pause in this generation; ``agreed(step)``: every
         rank pauses once ``step`` is committed."""
         self._wants, self._agreed = wants, agreed
-        self._inflight: tuple[int, Any, torch.Tensor] | None = None    # (step, work, table)
 
-    def start(self, step: int, group: Any, world: int, rank: int) -> None:
-        """Launch this step's vote (once per step) on ``group`` (a GenerationGroup)."""
-        if self._inflight is not None and self._inflight[0] == step:
-            return
-        table = row(world, rank, 0, self._wants())       # float32, like DDP's (see vote.row)
-        self._inflight = (step, group.allreduce(table), table)
+    def flag(self) -> int:
+        """This rank's byte of the vote."""
+        return 1 if self._wants() else 0
 
-    def judge(self, step: int) -> None:
-        """In the gate: wait for the vote of ``step``; a pause asked anywhere is agreed."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is None or inflight[0] != step:
-            return
-        _, work, table = inflight
-        work.wait()
-        if tally(table, step, with_fingerprint=False).pause:
+    def judge(self, step: int, flags: torch.Tensor | None) -> None:
+        """In the gate of ``step``, every rank's byte gathered: a pause asked anywhere is agreed."""
+        if flags is not None and bool(flags.any()):
             self._agreed(step)
-
-    def drop(self) -> None:
-        """The generation failed: the vote in flight is abandoned with it."""
-        self._inflight = None
 
 
 __all__ = ["PauseVote"]

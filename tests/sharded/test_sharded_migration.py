@@ -7,6 +7,7 @@ rank's own memory (not from its buddy's snapshot)."""
 import re
 
 import pytest
+import torch
 
 from hotspare.testing.inproc import fault_free, run_inproc
 
@@ -35,30 +36,42 @@ def test_thermal_live_migrates_an_fsdp_rank_with_its_own_shard(tmp_path):
     assert "restored from rank" not in r.output, "the shard came from a buddy, not the rank's own memory"
 
 
-class _OneRankGroup:
-    """A group whose all-reduce of a rank's row adds the other ranks' rows given here."""
+class _Gather:
+    """A group whose all-gather puts the other ranks' rows (their per-rank state and their byte
+    of the vote) beside this rank's: rank 0 of 4."""
 
     def __init__(self, others):
         self.others = others
 
-    def allreduce(self, table):
+    def all_gather(self, out, mine):
+        n = mine.numel()
+        out[:n] = mine
         for r, pause in self.others.items():
-            table[r, -1] += float(pause)
+            out[r * n:(r + 1) * n - 1] = r
+            out[(r + 1) * n - 1] = int(pause)
         return type("Work", (), {"wait": lambda self: None})()
 
 
 def test_a_pause_asked_on_any_rank_is_agreed_in_the_gate_of_that_step():
+    # The vote rides in the gate's gather of the per-rank rows: one byte per rank, no collective
+    # of its own; the rows themselves come out as without it.
+    from hotspare.runtime.rankstate import RowTable
     from hotspare.sharded.pause import PauseVote
-    agreed = []
-    vote = PauseVote(lambda: False, agreed.append)
-    vote.start(7, _OneRankGroup({1: False, 2: True, 3: False}), 4, 0)
-    vote.start(7, _OneRankGroup({}), 4, 0)          # once per step: the second start is ignored
-    vote.judge(7)
-    assert agreed == [7]
-    vote.start(8, _OneRankGroup({1: False, 2: False, 3: False}), 4, 0)
-    vote.judge(8)
-    assert agreed == [7]
-    vote.start(9, _OneRankGroup({1: False, 2: True, 3: False}), 4, 0)
-    vote.drop()                                      # the step failed: no pause from its vote
-    vote.judge(9)
-    assert agreed == [7]
+    agreed, asked = [], []
+    vote = PauseVote(lambda: bool(asked), agreed.append)
+
+    class State:
+        def capture(self):
+            return torch.full((5,), 9, dtype=torch.uint8)
+
+    rows = RowTable(State())
+    for step, others, mine in [(7, {1: False, 2: True, 3: False}, False), (8, {1: 0, 2: 0, 3: 0}, False),
+                               (9, {1: 0, 2: 0, 3: 0}, True)]:
+        asked[:] = [1] if mine else []
+        rows.begin(_Gather(others), 4, step, flag=vote.flag())
+        vote.judge(step, rows.finish())
+        table = rows.rows_for(step).view(4, 5)
+        assert table[0].tolist() == [9] * 5 and table[3].tolist() == [3] * 5
+    assert agreed == [7, 9]
+    rows.begin(_Gather({1: 0, 2: 0, 3: 0}), 4, 10)          # no flag: the rows alone, nothing to judge
+    assert rows.finish() is None and rows.rows_for(10).numel() == 20
