@@ -75,7 +75,8 @@ def test_an_observer_out_of_file_descriptors_keeps_the_events_flowing_and_says_s
     coord.handle(ev.AgentRefused("n0", "spawn", "no such device 5", now[0]))
     assert seen[-1]["kind"] == "devices" and seen[-1]["data"]["devices"][0]["state"] == "cordoned"
 
-    with out_of_file_descriptors():     # the run ends while still out of descriptors
+    registry.uncordon("n0/cpu0", "fan replaced")    # changed: the next poll must read the file again
+    with out_of_file_descriptors():     # the run ends while out of descriptors once more
         obs.close(0, {"outcome": "completed"})
     assert obs.closed and seen[-1]["kind"] == "run_end" and seen[-1]["data"]["outcome"] == "completed"
     stream.close()
