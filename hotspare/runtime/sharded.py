@@ -382,6 +382,7 @@ class ShardedRuntime:
         self._out.give(mine.data)
         self.store.keep_state(self.pred, got)
         reg = self.job.registry        # the host RAM the snapshots take: refused before step 0 if it cannot fit
+        nbytes += memory.unmade_state_bytes(self._optimizer)    # before step 0: AdamW's moments, estimated
         memory.check(self.job.members.group, self.job.rank, self.job.world_size, nbytes,
                      memory.log_bytes(o for n, o in reg.objects().items() if n in reg.sharded
                                       and isinstance(o, torch.nn.Module)),

@@ -65,8 +65,8 @@ class MemoryPlan:
         first, used, avail = self.hosts[top]
         where = (f"; {used / MiB:.2f} MiB on host {top} (ranks from {first}), of {avail / MiB:.1f} MiB available"
                  if avail >= 0 else "")
-        return (f"sharded job, before step 0: rank 0's shard is {shard0 / MiB:.2f} MiB (the optimizer's state, made "
-                f"by its first step, not counted yet); buddy snapshots take up to {max(self.need) / MiB:.2f} MiB of "
+        return (f"sharded job, before step 0: rank 0's shard is {shard0 / MiB:.2f} MiB (with the optimizer's state "
+                f"its first step makes, estimated); buddy snapshots take up to {max(self.need) / MiB:.2f} MiB of "
                 f"host RAM per rank (2 copies of its predecessor's shard, its gradient logs, its own outgoing "
                 f"copies){where}")
 
@@ -114,6 +114,35 @@ def check(group, rank: int, world: int, shard_bytes: int, log_bytes: int, stride
     return say and rank == 0
 
 
+# Tensors an optimizer keeps per parameter, each the parameter's size: what its first step will
+# add to a shard (torch.optim's own layouts). An optimizer not named here is taken to be
+# Adam-like (two), the common case and the safe side of a refusal.
+_STATE_TENSORS = {"Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adadelta": 2, "Rprop": 2,
+                  "Adagrad": 1, "ASGD": 1}
+
+
+def state_per_param(opt) -> int:
+    """How many parameter-sized tensors ``opt`` will keep per parameter once it has stepped."""
+    name = type(opt).__name__
+    g = opt.param_groups[0] if opt.param_groups else {}
+    if name == "SGD":
+        return 1 if g.get("momentum", 0) else 0
+    if name == "RMSprop":
+        return 1 + bool(g.get("momentum", 0)) + bool(g.get("centered", False))
+    return _STATE_TENSORS.get(name, 2) + (1 if g.get("amsgrad", False) else 0)
+
+
+def unmade_state_bytes(opt) -> int:
+    """The bytes ``opt``'s state will add to this rank's shard at its first step, if it has not
+    stepped yet (0 once it has: its state is in the shard then)."""
+    if opt is None or opt.state:
+        return 0
+    from torch.distributed.tensor import DTensor
+    size = sum((q.to_local() if isinstance(q, DTensor) else q).numel() * q.element_size()
+               for g in opt.param_groups for q in g["params"])
+    return state_per_param(opt) * size
+
+
 def log_bytes(modules) -> int:
     """The bytes of a gradient log: one gradient per local parameter shard of ``modules``."""
     from torch.distributed.tensor import DTensor
@@ -125,4 +154,5 @@ def log_bytes(modules) -> int:
     return total
 
 
-__all__ = ["ENV_RAM", "HostMemoryError", "MemoryPlan", "available_bytes", "check", "log_bytes", "plan"]
+__all__ = ["ENV_RAM", "HostMemoryError", "MemoryPlan", "available_bytes", "check", "log_bytes", "plan",
+           "state_per_param", "unmade_state_bytes"]

@@ -50,3 +50,22 @@ def test_fsdp_job_says_its_snapshot_ram_and_refuses_to_start_when_it_does_not_fi
     assert "MiB per rank" in rep["message"] and "looks like a bug" not in r.output
     # (rank 0 also prints the cost before it refuses; the job may be stopped, by another rank's
     # refusal, before that line is out: the closing line carries the figures)
+
+
+def test_before_step_0_the_optimizers_state_is_counted_as_its_first_step_will_make_it():
+    # A shard before step 0 holds the parameters only: AdamW's two moments, made by its first
+    # step, would double the snapshot after the RAM check let the job start.
+    import torch
+    from hotspare.sharded.memory import state_per_param, unmade_state_bytes
+    model = torch.nn.Linear(10, 10)                      # 110 float32 parameters: 440 bytes
+    cases = [(torch.optim.AdamW(model.parameters()), 2), (torch.optim.Adam(model.parameters(), amsgrad=True), 3),
+             (torch.optim.SGD(model.parameters(), lr=0.1), 0), (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), 1),
+             (torch.optim.RMSprop(model.parameters(), momentum=0.9, centered=True), 3)]
+    for opt, tensors in cases:
+        assert state_per_param(opt) == tensors and unmade_state_bytes(opt) == 440 * tensors, type(opt)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 10)).sum().backward()
+    opt.step()                                           # its state exists now: it is in the shard
+    assert unmade_state_bytes(opt) == 0 and unmade_state_bytes(None) == 0
+    made = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if t.dim())
+    assert made == 440 * state_per_param(opt)
