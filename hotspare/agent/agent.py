@@ -3,17 +3,18 @@
 It owns the processes (so it sees an exit the moment it happens; they fork from its zygote,
 ``hotspare.agent.zygote``, or start as fresh interpreters) and the control connections of
 its workers (JSON lines over TCP, see ``hotspare.protocol``). It talks to the coordinator over
-one more such connection, which it opens itself: what it sees (a worker started, exited, said
+one more such connection, which it opens itself (or, in the launcher's own process, an
+in-process link, ``hotspare.protocol.local``): what it sees (a worker started, exited, said
 something) goes up as a message; the coordinator's decisions come down as commands (``spawn``,
 ``kill``, ``deliver``, ``shutdown``; ``admit`` and ``diagnose`` run device checks here, see
 ``hotspare.agent.checks``). A command the agent cannot carry out is answered with
 ``refused``; the job goes on. Fault injection is a plug-in (``hotspare.testing.faults.AgentFaults``,
 given as ``faults``), which adds its commands (``arm``, ``disarm``) and sees each worker message
 before it is relayed; without it none of its code runs.
-In ``hotspare run`` the agent lives in the launcher beside the coordinator, over loopback, by the
-same code path a remote agent would take.
+In ``hotspare run`` the agent lives in the launcher beside the coordinator, linked in-process;
+the rest is the code path a remote agent takes.
 
-Both of its connections are authenticated (``hotspare.protocol.auth``): it proves the job secret
+Both of its network connections are authenticated (``hotspare.protocol.auth``): it proves the job secret
 to the coordinator, and each worker it spawns gets its own token in its environment and must
 prove it on the worker port; a worker id that already has a connection cannot get a second one,
 and only a worker's own kinds of message are relayed.
@@ -70,7 +71,8 @@ class NodeAgent:
         allows, "exec" starts each as a fresh interpreter. ``faults``: the fault-injection
         plug-in (``hotspare.testing.faults.AgentFaults``), for tests and drills; None in production.
         ``uplink``: a link to the coordinator already authenticated (a remote agent's,
-        ``hotspare.agent.remote``) instead of connecting here. ``zygote``: a running zygote to fork
+        ``hotspare.agent.remote``) or in-process (the launcher's own agents,
+        ``hotspare.protocol.local``) instead of connecting here. ``zygote``: a running zygote to fork
         from, kept open when the agent closes (the in-process test harness shares one across
         jobs: ``hotspare.testing.inproc``)."""
         if spawn not in SPAWN_METHODS:

@@ -115,9 +115,10 @@ def run(args: argparse.Namespace, *, zygote=None) -> int:
         watch = observe(args, cfg.launch.report, coord, ledger, health, log, secret)
     except ConfigError as e:
         return _fail(e)
-    # This host's node agents talk to the coordinator over TCP, as remote agents would.
+    # This host's node agents talk to the coordinator in-process (protocol/local.py); remote
+    # agents over TCP (--listen, below), the same endpoint serving both.
     endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
-    agents = _agents(cfg, env, endpoint.address, secret, health.devices if health else None,
+    agents = _agents(cfg, env, endpoint, secret, health.devices if health else None,
                      _device_fault(source, log) if source is not None else None, injecting(cfg), zygote)
     remote = _remote_endpoint(cfg, env, events, secret, coord, log)
     log(f"job: {launch.nproc} rank(s) + {cfg.capacity.spares} warm spare(s): "
@@ -224,7 +225,7 @@ class _StopSignals:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes, devices: list[str] | None,
+def _agents(cfg: RunConfig, env: dict[str, str], endpoint, secret: bytes, devices: list[str] | None,
             device_fault, injecting: bool, zygote=None) -> list:
     """The node agents of this host: one, or ``--local-nodes`` K, each with a contiguous share
     of the device slots; with the fault plug-in when ``injecting`` (``device_fault``: how it
@@ -232,6 +233,8 @@ def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes
     import socket
 
     from hotspare.agent import NodeAgent
+    from hotspare.protocol.local import local_pair
+    from hotspare.protocol.messages import make
     cmd = [sys.executable, cfg.script, *cfg.script_args]
     k = cfg.local_nodes
     host = socket.gethostname()
@@ -247,10 +250,13 @@ def _agents(cfg: RunConfig, env: dict[str, str], coordinator: str, secret: bytes
         if injecting:
             from hotspare.testing.faults import AgentFaults
             faults = AgentFaults(device_fault)
-        agents.append(NodeAgent(cmd, node_env, coordinator=coordinator, secret=secret,
-                                node=host if k == 1 else f"{host}-{i}",
-                                devices=share, spawn=cfg.launch.spawn, faults=faults,
+        node = host if k == 1 else f"{host}-{i}"
+        mine, theirs = local_pair(node)
+        agents.append(NodeAgent(cmd, node_env, coordinator=endpoint.address, secret=secret, node=node,
+                                devices=share, spawn=cfg.launch.spawn, faults=faults, uplink=mine,
                                 zygote=zygote if cfg.launch.spawn == "fork" else None))
+        endpoint.attach(theirs, make("agent_hello", node=node, pid=os.getpid(), devices=list(share or []),
+                                     device_faults=faults is not None and faults.device_faults, proof=""))
     return agents
 
 

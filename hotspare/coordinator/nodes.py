@@ -105,6 +105,13 @@ class NodeEndpoint:
         self._listener = Listener(server, self._handshake, self._serve, "hotspare-node-endpoint",
                                   max_line=2 * MAX_LINE)
 
+    def attach(self, channel: Any, hello: Message) -> None:
+        """Serve a node agent of this process over ``channel`` (protocol/local.py), as if it had
+        connected and said ``hello``: nothing to authenticate, the rest as for any node."""
+        import threading
+        threading.Thread(target=self._serve, args=(channel, hello), daemon=True,
+                         name=f"hotspare-node-endpoint-{hello['node']}").start()
+
     def close(self) -> None:
         self._listener.close()
         if self.leases is not None:

@@ -144,6 +144,8 @@ def private_dir(path: Path) -> Path:
 
 # ---------------------------------------------------------------------- server side
 def peer(ch: Channel) -> str:
+    if not hasattr(ch, "sock"):
+        return "in-process"               # protocol/local.py
     try:
         host, port = ch.sock.getpeername()[:2]
         return f"{host}:{port}"
