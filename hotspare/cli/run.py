@@ -115,9 +115,9 @@ def run(args: argparse.Namespace, *, zygote=None) -> int:
         watch = observe(args, cfg.launch.report, coord, ledger, health, log, secret)
     except ConfigError as e:
         return _fail(e)
-    # This host's node agents talk to the coordinator in-process (protocol/local.py); remote
-    # agents over TCP (--listen, below), the same endpoint serving both.
-    endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner)
+    # This host's node agents talk to the coordinator in-process (protocol/local.py): no port.
+    # Remote agents connect to the --listen endpoint (below).
+    endpoint = NodeEndpoint(events, secret, owner=coord.nodes.owner, listen=False)
     agents = _agents(cfg, env, endpoint, secret, health.devices if health else None,
                      _device_fault(source, log) if source is not None else None, injecting(cfg), zygote)
     remote = _remote_endpoint(cfg, env, events, secret, coord, log)

@@ -84,14 +84,15 @@ class NodeEndpoint:
     def __init__(self, events: "queue.Queue", secret: bytes, owner: Callable[[str], str | None],
                  host: str = "127.0.0.1", port: int = 0, welcome: Callable[[Message], Message] | None = None,
                  leases: "Leases | None" = None, route: Callable[[str], "queue.Queue"] | None = None,
-                 clients: Callable[[Channel, Message], None] | None = None):
+                 clients: Callable[[Channel, Message], None] | None = None, listen: bool = True):
         """``welcome(hello)``: the first message to each agent that connects (remote agents learn the
         job from it); ``leases``: the nodes here hold leases (``hotspare.coordinator.lease``) they
         renew, and a node whose lease expires is lost as one whose link closed. A coordinator
         service of many jobs (``hotspare.service``) gives ``route(node)``: the queue of the job
         that node's events go to (else all go to ``events``), and ``clients(channel, request)``,
         which serves the authenticated requests of `hotspare submit`, `status` and `cancel` on
-        the same address."""
+        the same address. ``listen=False``: no TCP listener at all, only agents of this
+        process (``attach``): the launcher's own, with no remote ones."""
         self.events = events
         self._key = auth.node_key(secret)
         self._client_key = auth.client_token(secret) if clients is not None else None
@@ -99,11 +100,13 @@ class NodeEndpoint:
         self._welcome, self.leases = welcome, leases
         self._route = route or (lambda node: events)
         self._clients = clients
-        server = bound_server(host, port)
-        self.address = f"{host}:{server.getsockname()[1]}"
-        # A relay wraps a worker's line (at most MAX_LINE on the agent's worker port): room for both.
-        self._listener = Listener(server, self._handshake, self._serve, "hotspare-node-endpoint",
-                                  max_line=2 * MAX_LINE)
+        self.address, self._listener = "in-process", None
+        if listen:
+            server = bound_server(host, port)
+            self.address = f"{host}:{server.getsockname()[1]}"
+            # A relay wraps a worker's line (at most MAX_LINE on the agent's worker port): room for both.
+            self._listener = Listener(server, self._handshake, self._serve, "hotspare-node-endpoint",
+                                      max_line=2 * MAX_LINE)
 
     def attach(self, channel: Any, hello: Message) -> None:
         """Serve a node agent of this process over ``channel`` (protocol/local.py), as if it had
@@ -113,7 +116,8 @@ class NodeEndpoint:
                          name=f"hotspare-node-endpoint-{hello['node']}").start()
 
     def close(self) -> None:
-        self._listener.close()
+        if self._listener is not None:
+            self._listener.close()
         if self.leases is not None:
             self.leases.close()
 

@@ -403,7 +403,9 @@ def test_a_job_under_attack_on_every_port_ends_with_the_fault_free_digest(tmp_pa
     proc, lines, env = start(tmp_path, "--allow-inject")
     try:
         ports = listening(proc.pid)
-        assert len(ports) == 4 and {a for a, _ in ports} == {"127.0.0.1"}, ports   # endpoint, agent, control, store
+        # the node agent's worker port, the control port, the store (the agent and the coordinator
+        # share the launcher's process and a link in it: no node endpoint to attack)
+        assert len(ports) == 3 and {a for a, _ in ports} == {"127.0.0.1"}, ports
         (run_file,) = (tmp_path / "runs").glob("*.json")
         assert stat.S_IMODE(run_file.stat().st_mode) == 0o600
         control = json.loads(run_file.read_text())["control"]
@@ -424,7 +426,7 @@ def test_a_job_under_attack_on_every_port_ends_with_the_fault_free_digest(tmp_pa
                 with contextlib.suppress(OSError):
                     if b'"challenge"' in probe.recv(4096):
                         ours.append(port)
-        assert len(ours) == 3 and control.endswith(tuple(f":{p}" for p in ours)), (ours, control)
+        assert len(ours) == 2 and control.endswith(tuple(f":{p}" for p in ours)), (ours, control)
         for port in ours:
             for msg in forged:
                 sock, replies = raw(f"127.0.0.1:{port}")
@@ -440,7 +442,7 @@ def test_a_job_under_attack_on_every_port_ends_with_the_fault_free_digest(tmp_pa
         proc.kill()
     assert r["final_state_digest"] == reference and r["failures_total"] == 0, out
     assert "refusing a message from worker" not in out and "ignoring bad message" not in out, out
-    assert out.count("refused a connection from 127.0.0.1:") >= 3 * len(forged), out
+    assert out.count("refused a connection from 127.0.0.1:") >= 2 * len(forged), out
     assert "OPERATOR refused inject 'kill:rank=99' from operator" in out
 
 
