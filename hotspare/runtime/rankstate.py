@@ -18,7 +18,8 @@ for before any optimizer steps, so a rank that applied step k holds every rank's
 k), and a replacement receives its predecessor's row with the replicated state. A survivor that
 re-runs a step restores its own state as it was when the step began.
 
-Nothing here is pickled: Python's and numpy's generator states are packed as fixed-size words.
+Nothing here is pickled: Python's and numpy's generator states are packed as fixed-size words
+(read fast: runtime/rngstate.py).
 """
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+import numpy
 import torch
 
-_PY_WORDS = 625                     # random.getstate(): 624 state words and the index
-_PY_FMT = f"<{_PY_WORDS}I?d"        # ... then gauss_next (None or a float)
-_NP_FMT = "<624IIid"                # numpy's MT19937: key, pos, has_gauss, the cached gaussian
+from hotspare.runtime import rngstate as rng
+
 _UNSEEDED = ("rng/python", "rng/numpy")   # seeded from entropy at start: not in the digest
 
 
@@ -67,36 +68,22 @@ def _cuda_rng() -> _Fn | None:
     return _Fn("rng/cuda", n, torch.cuda.get_rng_state, lambda d: torch.cuda.set_rng_state(d.clone()))
 
 
-def _py_save() -> bytes:
-    version, words, gauss = random.getstate()
-    return struct.pack(_PY_FMT, *words, gauss is not None, 0.0 if gauss is None else gauss)
-
-
 def _py_load(data: torch.Tensor) -> None:
-    fields = struct.unpack(_PY_FMT, data.numpy().tobytes())
-    words, has_gauss, gauss = fields[:_PY_WORDS], fields[_PY_WORDS], fields[_PY_WORDS + 1]
+    fields = struct.unpack(rng.PY_FMT, data.numpy().tobytes())
+    words, has_gauss, gauss = fields[:rng.PY_WORDS], fields[rng.PY_WORDS], fields[rng.PY_WORDS + 1]
     random.setstate((3, tuple(words), gauss if has_gauss else None))
+
+
+def _py_rng() -> _Fn:
+    return _Fn("rng/python", struct.calcsize(rng.PY_FMT), rng.python_reader() or rng.python_save_public, _py_load)
 
 
 def _np_rng() -> _Fn | None:
     np = sys.modules.get("numpy")
     if np is None:
         return None
-
-    def save() -> bytes:
-        # The state as a dict: no 624-int tuple (the legacy tuple form takes 100 us)
-        st = np.random.get_state(legacy=False)
-        return st["state"]["key"].tobytes() + struct.pack("<Iid", st["state"]["pos"], st["has_gauss"],
-                                                          st["gauss"])
-
-    def load(data: torch.Tensor) -> None:
-        raw = data.numpy().tobytes()
-        key = np.frombuffer(raw[:624 * 4], dtype=np.uint32).copy()
-        pos, has_gauss, gauss = struct.unpack("<Iid", raw[624 * 4:])
-        np.random.set_state({"bit_generator": "MT19937", "state": {"key": key, "pos": pos},
-                             "has_gauss": has_gauss, "gauss": gauss})
-
-    return _Fn("rng/numpy", struct.calcsize(_NP_FMT), save, load)
+    return _Fn("rng/numpy", struct.calcsize(rng.NP_FMT), rng.numpy_reader(np) or (lambda: rng.numpy_save_public(np)),
+               lambda data: rng.numpy_load(np, data.numpy().tobytes()))
 
 
 def _tensor_part(name: str, t: torch.Tensor) -> _Fn:
@@ -150,7 +137,7 @@ class RankState:
         if self._layout is None:
             parts: list[Part] = [_torch_rng()]
             parts += [p for p in (_cuda_rng(), _np_rng()) if p is not None]
-            parts.append(_Fn("rng/python", struct.calcsize(_PY_FMT), _py_save, _py_load))
+            parts.append(_py_rng())
             for name in sorted(self.modules):
                 parts += [_tensor_part(f"buffer/{name}/{k}", b)
                           for k, b in self.modules[name].named_buffers()]
@@ -172,15 +159,15 @@ class RankState:
         total = sum(p.nbytes for p in layout)
         if out is None or out.numel() != total:
             out = torch.empty(total, dtype=torch.uint8)
+        view = out.numpy()                  # numpy's slice assignment: no torch dispatch per part
         off = 0
         for p in layout:
             data = p.save()
-            if isinstance(data, bytes):
-                data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            if data.numel() != p.nbytes:
-                raise ValueError(f"per-rank state {p.name} changed size ({p.nbytes} -> {data.numel()} bytes) "
+            raw = numpy.frombuffer(data, dtype=numpy.uint8) if isinstance(data, bytes) else data.numpy()
+            if raw.size != p.nbytes:
+                raise ValueError(f"per-rank state {p.name} changed size ({p.nbytes} -> {raw.size} bytes) "
                                  "during the run; hotspare needs a fixed layout")
-            out[off:off + p.nbytes].copy_(data)
+            view[off:off + p.nbytes] = raw
             off += p.nbytes
         return out
 
