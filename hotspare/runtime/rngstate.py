@@ -85,8 +85,12 @@ def python_reader() -> Callable[[], bytes] | None:
 
 # ----------------------------------------------------------------------------------------- numpy
 def numpy_save_public(np: Any) -> bytes:
+    return numpy_save_public_of(np.random.mtrand._rand)
+
+
+def numpy_save_public_of(rs: Any) -> bytes:
     # The state as a dict: no 624-int tuple (the legacy tuple form is slower still)
-    st = np.random.get_state(legacy=False)
+    st = rs.get_state(legacy=False)
     return st["state"]["key"].tobytes() + struct.pack("<Iid", st["state"]["pos"], st["has_gauss"], st["gauss"])
 
 
@@ -102,30 +106,40 @@ def numpy_reader(np: Any) -> Callable[[], bytes] | None:
     if sys.byteorder != "little":
         return None
     try:
-        rs = np.random.mtrand._rand
-        size = type(rs).__basicsize__
         key = (np.arange(624, dtype=np.uint64) * 2654435761 % (1 << 32)).astype(np.uint32)   # distinctive words
-        probes = []
-        for has_gauss, gauss in ((1, 1.2345678901234567e-300), (0, -9.87654321e+200), (1, 3.25e-7)):
+
+        def probe(has_gauss: int, gauss: float):
             p = np.random.RandomState(0)
             p.set_state({"bit_generator": "MT19937", "state": {"key": key, "pos": 17},
                          "has_gauss": has_gauss, "gauss": gauss})
-            probes.append((p, struct.pack("<i", has_gauss), struct.pack("<d", gauss)))
+            return p
+
+        size = type(np.random.mtrand._rand).__basicsize__
+        states = ((0x5A5A5A5A, 1.2345678901234567e-300), (0x3C3C3C3C, -9.87654321e+200), (0x0F0F0F0F, 3.25e-7))
+        probes = [(probe(h, g), struct.pack("<i", h), struct.pack("<d", g)) for h, g in states]
         gauss_at = _offset([(p, g) for p, _, g in probes], size, 8)
         flag_at = _offset([(p, h) for p, h, _ in probes], size, 4)
-        address = rs._bit_generator.ctypes.state_address
+        # numpy's ``aug_bitgen_t``: ``int has_gauss`` then ``double gauss``, 8-aligned
+        if gauss_at is None or flag_at is None or not flag_at + 4 <= gauss_at <= flag_at + 8:
+            return None
+
+        def reader_of(rs) -> Callable[[], bytes]:
+            address = rs._bit_generator.ctypes.state_address
+
+            def read() -> bytes:
+                mem = ctypes.string_at(id(rs), size)
+                return ctypes.string_at(address, _MT_BYTES + 4) + mem[flag_at:flag_at + 4] + mem[gauss_at:gauss_at + 8]
+            return read
+
+        # checked on generators in both Gaussian states, then on the real one
+        for h, g in ((1, 0.625), (0, -2.5)):
+            p = probe(h, g)
+            if reader_of(p)() != numpy_save_public_of(p):
+                return None
+        read = reader_of(np.random.mtrand._rand)
     except (AttributeError, TypeError, ValueError):
         return None
-    if gauss_at is None or flag_at is None:
-        return None
-
-    def read() -> bytes:
-        mem = ctypes.string_at(id(rs), size)
-        return ctypes.string_at(address, _MT_BYTES + 4) + mem[flag_at:flag_at + 4] + mem[gauss_at:gauss_at + 8]
-
-    if read() != numpy_save_public(np):
-        return None
-    return read
+    return read if read() == numpy_save_public(np) else None
 
 
 __all__ = ["PY_FMT", "NP_FMT", "python_reader", "python_save_public", "numpy_reader", "numpy_save_public",
