@@ -35,6 +35,14 @@ class Channel:
                 data, self._held = b"".join(self._held) + data, []
             self.sock.sendall(data)
 
+    def send_many(self, msgs: list[Message]) -> None:
+        """Send ``msgs`` now, in order, in one system call (after any held by ``send_later``)."""
+        data = b"".join(encode(m) for m in msgs)
+        with self._send_lock:
+            if self._held:
+                data, self._held = b"".join(self._held) + data, []
+            self.sock.sendall(data)
+
     def send_later(self, msg: Message, max_held: int, max_age_s: float) -> None:
         """Hold ``msg`` back and send it with the next ``send``, or with the held ones once
         ``max_held`` are waiting or the oldest has waited ``max_age_s``: one system call, and

@@ -18,9 +18,10 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-from hotspare.errors import PeerFailure, StateTrackingError
+from hotspare.errors import ConfigError, PeerFailure, StateTrackingError
 from hotspare.runtime.context import RankContext
 from hotspare.runtime.healthvote import HealthVote
+from hotspare.protocol.messages import MAX_ITEMS, MAX_NAME
 from hotspare.runtime.link import AgentLink
 from hotspare.runtime.membership import Membership
 from hotspare.runtime.phase import StepFailed
@@ -176,8 +177,12 @@ class StepProtocol:
 
     def log(self, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
+            if len(k) > MAX_NAME:
+                raise ConfigError(f"job.log: metric name {k[:40]!r}... is longer than {MAX_NAME} characters")
             v = float(v)
             self.metrics[k] = v if math.isfinite(v) else str(v)   # JSON has no NaN
+        if len(self.metrics) > MAX_ITEMS:
+            raise ConfigError(f"job.log: more than {MAX_ITEMS} metrics in one step")
 
     def rollback(self, failed: int) -> None:
         """Step ``failed`` failed on this rank: put back what it touched (the step contract)."""
