@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from hotspare.errors import ConfigError, PeerFailure, StateTrackingError
+from hotspare.protocol.messages import MAX_ITEMS, MAX_NAME
 from hotspare.runtime.context import RankContext
 from hotspare.runtime.healthvote import HealthVote
-from hotspare.protocol.messages import MAX_ITEMS, MAX_NAME
 from hotspare.runtime.link import AgentLink
 from hotspare.runtime.membership import Membership
 from hotspare.runtime.phase import StepFailed
