@@ -7,7 +7,7 @@ import threading
 import time
 
 from hotspare.errors import ProtocolError
-from hotspare.protocol.messages import MAX_LINE, Message, decode, encode
+from hotspare.protocol.messages import MAX_LINE, Message, decode, encode, validate
 
 
 class Channel:
@@ -16,7 +16,7 @@ class Channel:
         self.sock = sock
         self._reader = sock.makefile("rb")
         self._send_lock = threading.Lock()
-        self._held: list[bytes] = []      # encoded messages waiting for the next send
+        self._held: list[Message] = []    # messages waiting for the next send, not yet encoded
         self._held_since = 0.0
         self.closed = False
         self.max_line = max_line          # a longer line is refused (a listener lowers it until auth)
@@ -31,31 +31,27 @@ class Channel:
         """Send ``msg`` now, after any message held back by ``send_later`` (order is kept)."""
         data = encode(msg)
         with self._send_lock:
-            if self._held:
-                data, self._held = b"".join(self._held) + data, []
-            self.sock.sendall(data)
-
-    def send_many(self, msgs: list[Message]) -> None:
-        """Send ``msgs`` now, in order, in one system call (after any held by ``send_later``)."""
-        data = b"".join(encode(m) for m in msgs)
-        with self._send_lock:
-            if self._held:
-                data, self._held = b"".join(self._held) + data, []
-            self.sock.sendall(data)
+            self.sock.sendall(self._take_held() + data)
 
     def send_later(self, msg: Message, max_held: int, max_age_s: float) -> None:
         """Hold ``msg`` back and send it with the next ``send``, or with the held ones once
         ``max_held`` are waiting or the oldest has waited ``max_age_s``: one system call, and
-        one wake-up of the reader, for several messages."""
-        data = encode(msg)
+        one wake-up of the reader, for several messages. ``msg`` may be a ``messages.draft``: the
+        held messages are checked and encoded together when they go (one pass over warm code,
+        not one per call: a worker's per-step commit reports, docs/BENCHMARKS.md)."""
         now = time.monotonic()
         with self._send_lock:
             if not self._held:
                 self._held_since = now
-            self._held.append(data)
+            self._held.append(msg)
             if len(self._held) >= max_held or now - self._held_since >= max_age_s:
-                data, self._held = b"".join(self._held), []
-                self.sock.sendall(data)
+                self.sock.sendall(self._take_held())
+
+    def _take_held(self) -> bytes:
+        """The held messages, checked and encoded, and none held any more (one that fails its
+        check raises ProtocolError here, and the rest held with it are dropped)."""
+        held, self._held = self._held, []
+        return b"".join(encode(validate(m)) for m in held)
 
     def recv(self, any_version: bool = False) -> Message | None:
         """The next message, or None when the connection is closed. A line longer than

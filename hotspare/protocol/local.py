@@ -4,7 +4,7 @@ A remote node agent talks to the coordinator over an authenticated TCP channel
 (protocol/channel.py); ``hotspare run``'s local agents live in the launcher's process, where a
 socket, and the JSON that crosses it twice, buy nothing: there is no one to authenticate and
 no byte to frame. ``local_pair()`` gives the two ends of a link with a ``Channel``'s calls
-(``send``, ``send_many``, ``send_later``, ``recv``, ``close``, ``closed``), over two queues.
+(``send``, ``send_later``, ``recv``, ``close``, ``closed``), over two queues.
 
 What crosses is what would have crossed the socket, message by message, in order, with the same
 checks at the receiving end: every message is encoded and decoded (``messages.encode`` /
@@ -38,10 +38,6 @@ class LocalChannel:
         if self.closed:
             raise OSError(f"in-process link {self.name} is closed")
         self._out.put(msg if msg.get("type") == "relay" else encode(msg))
-
-    def send_many(self, msgs: list[Message]) -> None:
-        for msg in msgs:
-            self.send(msg)
 
     def send_later(self, msg: Message, max_held: int, max_age_s: float) -> None:
         self.send(msg)                     # nothing to batch: no system call to save

@@ -19,13 +19,12 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-import time
 from typing import Any, Callable
 
 from hotspare.errors import ProtocolError
 from hotspare.protocol.auth import worker_connect
 from hotspare.protocol.channel import Channel
-from hotspare.protocol.messages import make
+from hotspare.protocol.messages import draft, make
 from hotspare.runtime.phase import Aborted, Event, PauseAsked
 
 ORDERS = frozenset({"generation", "handoff", "release", "checkpoint_now"})
@@ -45,9 +44,6 @@ class AgentLink:
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._orders: "queue.Queue[dict[str, Any]]" = queue.Queue()
         self._channel: Channel | None = None
-        self._held: list[tuple[str, dict[str, Any]]] = []   # send_later's, not yet made or encoded
-        self._held_since = 0.0
-        self._send_lock = threading.Lock()         # held messages go out first, in order
 
     def on(self, type_: str, handler: Callable[[dict[str, Any]], None]) -> None:
         """Handle messages of ``type_`` on the reader thread (for plug-ins)."""
@@ -70,28 +66,13 @@ class AgentLink:
         threading.Thread(target=self._read, name="hotspare-control", daemon=True).start()
 
     def send(self, type_: str, **fields: Any) -> None:
-        with self._send_lock:
-            if self._held:
-                self._flush([*self._held, (type_, fields)])
-            else:
-                self._channel.send(make(type_, **fields))
+        self._channel.send(make(type_, **fields))
 
     def send_later(self, held: int, held_s: float, type_: str, **fields: Any) -> None:
         """Batched: goes out with the ``held``-th message or after ``held_s`` seconds, or with
-        the next message sent at once; in order either way. Held as its fields: the messages
-        are made, checked and encoded together when they go (one pass over warm code instead of
-        one per step on the training thread: docs/BENCHMARKS.md, bench/step_parts.py)."""
-        now = time.monotonic()
-        with self._send_lock:
-            if not self._held:
-                self._held_since = now
-            self._held.append((type_, fields))
-            if len(self._held) >= held or now - self._held_since >= held_s:
-                self._flush(self._held)
-
-    def _flush(self, items: list[tuple[str, dict[str, Any]]]) -> None:
-        self._held = []
-        self._channel.send_many([make(t, **f) for t, f in items])
+        the next message sent at once; in order either way. Checked and encoded when it goes
+        (``Channel.send_later``)."""
+        self._channel.send_later(draft(type_, **fields), held, held_s)
 
     def try_send(self, type_: str, **fields: Any) -> None:
         """Send from a side thread, where a closed link only means nobody is left to tell."""

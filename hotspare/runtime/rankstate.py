@@ -24,7 +24,6 @@ Nothing here is pickled: Python's and numpy's generator states are packed as fix
 from __future__ import annotations
 
 import hashlib
-import random
 import struct
 import sys
 from dataclasses import dataclass
@@ -68,14 +67,9 @@ def _cuda_rng() -> _Fn | None:
     return _Fn("rng/cuda", n, torch.cuda.get_rng_state, lambda d: torch.cuda.set_rng_state(d.clone()))
 
 
-def _py_load(data: torch.Tensor) -> None:
-    fields = struct.unpack(rng.PY_FMT, data.numpy().tobytes())
-    words, has_gauss, gauss = fields[:rng.PY_WORDS], fields[rng.PY_WORDS], fields[rng.PY_WORDS + 1]
-    random.setstate((3, tuple(words), gauss if has_gauss else None))
-
-
 def _py_rng() -> _Fn:
-    return _Fn("rng/python", struct.calcsize(rng.PY_FMT), rng.python_reader() or rng.python_save_public, _py_load)
+    return _Fn("rng/python", struct.calcsize(rng.PY_FMT), rng.python_reader() or rng.python_save_public,
+               lambda data: rng.python_load(data.numpy().tobytes()))
 
 
 def _np_rng() -> _Fn | None:

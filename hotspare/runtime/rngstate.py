@@ -22,6 +22,7 @@ the same way (runtime/rankstate.py loads them through ``setstate`` / ``set_state
 from __future__ import annotations
 
 import ctypes
+import functools
 import random
 import struct
 import sys
@@ -54,8 +55,16 @@ def python_save_public() -> bytes:
     return struct.pack(PY_FMT, *words, gauss is not None, 0.0 if gauss is None else gauss)
 
 
+def python_load(raw: bytes) -> None:
+    fields = struct.unpack(PY_FMT, raw)
+    words, has_gauss, gauss = fields[:PY_WORDS], fields[PY_WORDS], fields[PY_WORDS + 1]
+    random.setstate((3, tuple(words), gauss if has_gauss else None))
+
+
+@functools.cache
 def python_reader() -> Callable[[], bytes] | None:
-    """A fast reader of ``random``'s global generator giving ``python_save_public``'s bytes."""
+    """A fast reader of ``random``'s global generator giving ``python_save_public``'s bytes
+    (probed once per process: a forked child's generator sits at the same address)."""
     if sys.byteorder != "little":
         return None
     inst = random._inst                           # the generator behind random.random() & co.
@@ -101,8 +110,10 @@ def numpy_load(np: Any, raw: bytes) -> None:
                          "has_gauss": has_gauss, "gauss": gauss})
 
 
+@functools.cache
 def numpy_reader(np: Any) -> Callable[[], bytes] | None:
-    """A fast reader of numpy's legacy global generator giving ``numpy_save_public``'s bytes."""
+    """A fast reader of numpy's legacy global generator giving ``numpy_save_public``'s bytes
+    (probed once per process)."""
     if sys.byteorder != "little":
         return None
     try:
@@ -142,5 +153,5 @@ def numpy_reader(np: Any) -> Callable[[], bytes] | None:
     return read if read() == numpy_save_public(np) else None
 
 
-__all__ = ["PY_FMT", "NP_FMT", "python_reader", "python_save_public", "numpy_reader", "numpy_save_public",
+__all__ = ["PY_FMT", "NP_FMT", "python_load", "python_reader", "python_save_public", "numpy_reader", "numpy_save_public",
            "numpy_load"]

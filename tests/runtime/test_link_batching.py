@@ -1,27 +1,32 @@
-"""A worker's held commit reports (runtime/link.py ``AgentLink.send_later``): held as fields,
-made, checked and encoded together when they go, and never out of order with what is sent at
-once, from any thread."""
+"""A worker's held commit reports (runtime/link.py ``AgentLink.send_later`` over
+protocol/channel.py ``Channel.send_later``): held unchecked and unencoded, checked and encoded
+together when they go, and never out of order with what is sent at once, from any thread."""
+import io
 import threading
 import time
 
 import pytest
 
 from hotspare.errors import ConfigError, ProtocolError
-from hotspare.protocol.messages import decode, encode
+from hotspare.protocol.channel import Channel
+from hotspare.protocol.messages import decode
 from hotspare.runtime.link import AgentLink
 
 
 class _Wire:
-    """A channel that records what would have crossed the socket, each call's bytes apart."""
+    """A socket that records what would have crossed it, each ``sendall``'s bytes apart."""
 
     def __init__(self):
         self.calls: list[bytes] = []
 
-    def send(self, msg):
-        self.calls.append(encode(msg))
+    def setsockopt(self, *args):
+        pass
 
-    def send_many(self, msgs):
-        self.calls.append(b"".join(encode(m) for m in msgs))
+    def makefile(self, mode):
+        return io.BytesIO()
+
+    def sendall(self, data):
+        self.calls.append(data)
 
     def messages(self):
         return [decode(line, 1 << 20) for call in self.calls for line in call.splitlines(keepends=True)]
@@ -29,8 +34,9 @@ class _Wire:
 
 def _link():
     link = AgentLink("unused:0", "w1", "worker", where=lambda: None)
-    link._channel = _Wire()
-    return link, link._channel
+    wire = _Wire()
+    link._channel = Channel(wire)
+    return link, wire
 
 
 def commit(link, step, held=4, held_s=60.0):
