@@ -185,6 +185,7 @@ class NodeAgent:
         contract = WorkerEnv.of(self.job_env, agent=self.address, worker=worker, role=role, device=device or None)
         env = {**self.base_env, **contract.to_env()}
         env[auth.ENV_WORKER_TOKEN] = auth.worker_token(self._secret, worker)
+        env[auth.ENV_PEER_KEY] = auth.peer_key(self._secret)
         # LOCAL_RANK names the worker's device slot, as torchrun's does (cuda:LOCAL_RANK).
         local = str(self.devices.index(device)) if device else (str(rank) if rank is not None else "-1")
         if rank is not None:

@@ -21,7 +21,7 @@ from typing import Callable
 
 from hotspare.agent.agent import NodeAgent
 from hotspare.agent.lease import AgentLease
-from hotspare.agent.netif import gloo_interface
+from hotspare.protocol.netif import gloo_interface
 from hotspare.agent.telemetry import NodeTelemetry
 from hotspare.errors import ConfigError, ProtocolError
 from hotspare.protocol import auth

@@ -24,6 +24,10 @@ OTHER_VARIABLES = [
     ("HOTSPARE_WORKER_TOKEN", "node agent (per worker)", "the worker (`protocol/auth.py`, `worker_connect`)",
      "the token a worker proves on the agent's port: derived from the job secret and its id; a secret, "
      "never logged"),
+    ("HOTSPARE_PEER_KEY", "node agent (the same for every worker of the job)",
+     "the worker (`transfer/links.py`, its buddy links)",
+     "the key a job's workers prove to one another when a sharded job's ranks link to their buddies: "
+     "derived from the job secret; a secret, never logged"),
     ("HOTSPARE_CHECKPOINT_KEY", "you (the default of --checkpoint-key); `hotspare run` for itself and its "
      "workers", "`checkpoint/auth.py` (`key_path`, `load_key`)",
      "the file holding the key that signs checkpoints; in a worker it is also part of the contract above"),

@@ -165,6 +165,7 @@ class GenerationGroup:
         self._store = AbortableStore(dist.PrefixStore(prefix, store), self._aborted, join_timeout_s)
         self._lock = threading.Lock()
         self._fds: dict[int, str] = {}
+        self._adopted: dict[int, str] = {}      # hotspare's own connections of this generation (any backend)
         self._pg: dist.ProcessGroup | None = None
         self._sum = dist.AllreduceOptions()            # reduceOp SUM
         self._abort_thread: threading.Thread | None = None
@@ -250,6 +251,18 @@ class GenerationGroup:
         with self._recording():
             return dist.new_group(ranks, timeout=self.timeout)
 
+    def adopt(self, sock: socket.socket) -> None:
+        """Make ``sock`` (a connection hotspare opened for this generation: a buddy link) part of
+        the generation: its ``abort`` shuts it down with the backend's own connections."""
+        fd = sock.fileno()
+        link = os.readlink(f"/proc/self/fd/{fd}")
+        with self._lock:
+            aborted = self._aborted.is_set()
+            if not aborted:
+                self._adopted[fd] = link
+        if aborted:
+            _shutdown_connected({fd: link})
+
     @contextmanager
     def _recording(self):
         before = _socket_fds()
@@ -267,6 +280,8 @@ class GenerationGroup:
         with self._lock:
             self._aborted.set()
             fds, pg = dict(self._fds), self._pg
+            adopted, self._adopted = self._adopted, {}
+        _shutdown_connected(adopted)
         if self.backend == "nccl":
             if pg is not None:
                 self._abort_nccl(pg)

@@ -13,7 +13,9 @@ secret shared by many hosts):
 
 - a node agent proves it holds the secret itself (``node_key``);
 - a worker holds only its own token, HMAC(secret, worker id) (``worker_token``), handed to it
-  in its environment by the agent that spawns it: one worker cannot pose as another;
+  in its environment by the agent that spawns it: one worker cannot pose as another to an agent;
+- the job's workers share one peer key (``peer_key``), handed to each the same way, that their
+  buddy links prove (transfer/links.py): a worker of the job can speak to another, nobody else;
 - an operator (``hotspare inject``) holds the operator token from the launcher's run file,
   which only the job's user can read (``write_private``).
 
@@ -35,6 +37,7 @@ from hotspare.protocol.channel import Channel
 from hotspare.protocol.messages import Message, VersionError, make
 
 ENV_WORKER_TOKEN = "HOTSPARE_WORKER_TOKEN"
+ENV_PEER_KEY = "HOTSPARE_PEER_KEY"
 SECRET_BYTES = 32
 MIN_SECRET_CHARS = 32             # a secret file holds at least this many characters
 SECRET_FILE_MAX = 4096            # ... and at most this many bytes
@@ -67,6 +70,20 @@ def node_key(secret: bytes) -> str:
 
 def worker_token(secret: bytes, worker: str) -> str:
     return _derive(secret, f"hotspare worker\n{worker}")
+
+
+def peer_key(secret: bytes) -> str:
+    """What a job's workers prove to one another on their buddy links (transfer/links.py): one
+    key for the whole job, handed to every worker by its agent beside its own token."""
+    return _derive(secret, "hotspare peer")
+
+
+def peer_key_from_env() -> str:
+    key = os.environ.get(ENV_PEER_KEY)
+    if not key:
+        raise ConfigError(f"{ENV_PEER_KEY} is not set: a managed worker is started by a hotspare agent "
+                          "(hotspare run), which hands it the key its buddy links are proven with")
+    return key
 
 
 def operator_token(secret: bytes) -> str:

@@ -50,8 +50,10 @@ from hotspare.sharded.fsdpreset import reset_fsdp
 from hotspare.sharded.mesh import ShardedMesh
 from hotspare.sharded.pause import PauseVote
 from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride
+from hotspare.protocol import auth
 from hotspare.transfer import buddy as wire
-from hotspare.transfer.buddy import BuddyStore, Buffers, Packet, Stream, Transfer
+from hotspare.transfer import links
+from hotspare.transfer.buddy import BuddyStore, Buffers, Packet, Transfer
 
 # The job (runtime/job.py ``Job``) that creates this runtime: typed loosely so the import goes
 # one way (job.py imports this module).
@@ -87,8 +89,9 @@ class ShardedRuntime:
         self._replaying = False
         self._prepared = False
         self._optimizer: torch.optim.Optimizer | None = None
-        self._sending: tuple[int, Transfer, Transfer] | None = None   # (step, send, recv)
-        self._streams: dict[tuple[str, str], Stream] = {}   # (kind, "out"/"in") -> this generation's stream
+        self._sending: tuple[int, Transfer] | None = None   # (step, the snapshot's exchange)
+        self._listener: links.Listener | None = None       # this worker's buddy-link listener
+        self._links: tuple[Any, links.Links] | None = None  # (generation, its links)
         self._digest: tuple[int, str] | None = None
         self.restores: list[dict[str, Any]] = []     # what each restore of this rank did (the report's)
         # This rank's shard is its own (an original rank, a survivor) or not (a spare, until restored).
@@ -105,6 +108,9 @@ class ShardedRuntime:
             if m.world_size > 1:
                 self.buddy = buddy_of(m.rank, m.world_size, self.stride)
                 self.pred = buddy_of(m.rank, m.world_size, m.world_size - self.stride)
+                if self.every:
+                    self._key = auth.peer_key_from_env()
+                    self._listener = links.Listener(links.bind_host())
             self.pause = PauseVote(lambda: job.driver.state.pause_gen == job.members.generation,
                                    lambda step: job.driver.handle(PauseAgreed(step)))
             m.before_sync.append(self.before_sync)
@@ -180,31 +186,40 @@ class ShardedRuntime:
         shards = self._shards()             # references, taken on the training thread
         applied = self.job.progress.applied
         try:
-            group = self.mesh.buddy_group()
+            link = self._buddy_links()
         except Exception as e:
             self.job.collectives.note(e)
             raise
-        send = Transfer(self._send_snapshot, applied, shards, group)
-        recv = Transfer(self._recv_snapshot, group)
-        self._sending = (step, send, recv)
+        self._sending = (step, Transfer(self._swap_snapshots, applied, shards, link))
 
-    def _stream(self, kind: str, way: str, group) -> Stream:
-        """``kind`` packets to the buddy ("out") or from the predecessor ("in"): a tag per kind."""
-        st = self._streams.get((kind, way))
-        if st is None or st.group is not group:
-            peer = self.buddy if way == "out" else self.pred
-            st = self._streams[(kind, way)] = Stream(group, peer, 1 + wire.KINDS.index(kind))
-        return st
+    def _buddy_links(self) -> links.Links:
+        """This generation's links to the buddy and from the predecessor (transfer/links.py),
+        made at the generation's first exchange, by every rank at once."""
+        gen = self.job.members.group
+        if self._links is not None and self._links[0] is gen:
+            return self._links[1]
+        self._close_links()
+        m = self.job.members
+        made = links.link_up(self._listener, gen.store, self._key, m.generation, m.rank, self.buddy, self.pred,
+                             THREAD_JOIN_S, lambda: gen.aborted, gen.adopt)
+        self._links = (gen, made)
+        return made
 
-    def _send_snapshot(self, step: int, shards, group) -> None:
+    def _close_links(self) -> None:
+        if self._links is not None:
+            self._links[1].close()
+            self._links = None
+
+    def _swap_snapshots(self, step: int, shards, link: links.Links) -> Packet:
+        """In a thread, overlapped with forward and backward: this rank's snapshot out, its
+        predecessor's in (verified here, off the training thread)."""
         packet = wire.pack("state", step, shards, buffers=self._out)
-        self._stream("state", "out", group).send(packet)
-        self._out.give(packet.data)
-
-    def _recv_snapshot(self, group) -> Packet:
-        packet = self._stream("state", "in", group).recv(self.store.buffers)
-        packet.verify()          # here, off the training thread
-        return packet
+        try:
+            got = link.exchange(packet, self.store.buffers)
+        finally:
+            self._out.give(packet.data)
+        got.verify()
+        return got
 
     # ------------------------------------------------------------------ 2. the gate
     def _gate(self, opt, args, kwargs) -> None:
@@ -232,17 +247,14 @@ class ShardedRuntime:
         sending = self._sending
         if sending is not None and sending[0] == step:
             self._sending = None
-            _, send, recv = sending
-            send.outcome()
-            self.store.keep_state(self.pred, recv.outcome())
+            self.store.keep_state(self.pred, sending[1].outcome())
             self._sent = step - 1
         log = wire.pack("log", step, rp.grads(opt), {"groups": rp.hyper(opt), "none": rp.none_grads(opt)},
                         buffers=self._out)
-        group = self.mesh.buddy_group()
-        out = Transfer(self._stream("log", "out", group).send, log)
-        pred_log = self._stream("log", "in", group).recv(self.store.buffers)
-        out.outcome()
-        self._out.give(log.data)
+        try:
+            pred_log = self._buddy_links().exchange(log, self.store.buffers)
+        finally:
+            self._out.give(log.data)
         self.store.add_log(self.pred, pred_log)
         if not self._said_memory and self.job.rank == 0 and opt.state:     # the optimizer's state exists
             self._said_memory = True
@@ -254,17 +266,16 @@ class ShardedRuntime:
         arrived whole is kept as ``fresh``), and put FSDP's per-iteration state back."""
         sending, self._sending = self._sending, None
         if sending is not None:
-            _, send, recv = sending
-            for t in (send, recv):
-                t.join(THREAD_JOIN_S)
-            if recv.error is None and not recv.is_alive() and recv.result is not None:
+            t = sending[1]
+            t.join(THREAD_JOIN_S)
+            if t.error is None and not t.is_alive() and t.result is not None:
                 try:
-                    self.store.offer_fresh(self.pred, recv.result)
+                    self.store.offer_fresh(self.pred, t.result)
                 except StateMismatch as e:
                     print(f"hotspare: rank {self.job.rank}: {e}", file=sys.stderr, flush=True)
         if self.mesh is not None:
             self.mesh.forget()
-        self._streams.clear()
+        self._close_links()
         self.reset_modules()
 
     def reset_modules(self) -> None:
@@ -373,13 +384,12 @@ class ShardedRuntime:
         if not self.every:
             return
         self._sent = step
-        group = self.mesh.buddy_group()
         mine = wire.pack("state", step, self._shards(), buffers=self._out)
-        out = Transfer(wire.send, mine, self.buddy, group)
-        got = wire.recv(self.pred, group, self.store.buffers)
-        out.outcome()
+        try:
+            got = self._buddy_links().exchange(mine, self.store.buffers)
+        finally:
+            self._out.give(mine.data)
         nbytes = mine.nbytes
-        self._out.give(mine.data)
         self.store.keep_state(self.pred, got)
         reg = self.job.registry        # the host RAM the snapshots take: refused before step 0 if it cannot fit
         nbytes += memory.unmade_state_bytes(self._optimizer)    # before step 0: AdamW's moments, estimated

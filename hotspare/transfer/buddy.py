@@ -8,7 +8,7 @@ the bytes. Nothing is unpickled: the header is JSON, checked field by field; the
 ever copied into tensors of the dtypes and shapes the receiver's own state has.
 
 The checksum guards against corruption (a flipped bit in a buddy's RAM, a torn transfer), not an
-attacker (the bytes ride the job's own gloo group): zlib's CRC-32 (the standard library; every
+attacker (the bytes ride the job's own gloo group, or a buddy link proven at connect): zlib's CRC-32 (the standard library; every
 burst error up to 32 bits, any other with probability 1 - 2^-32) runs at 4.2 GB/s on one core
 of the 2-core machine here, against 1.8 GB/s for sha256 (with the CPU's SHA instructions) and
 0.8 GB/s for blake2b (measured; docs/BENCHMARKS.md).
@@ -16,11 +16,11 @@ of the 2-core machine here, against 1.8 GB/s for sha256 (with the CPU's SHA inst
 Packing copies every tensor once into a byte buffer that is reused (``Buffers``): a fresh one
 per packet cost 4.5 ms per 12 MB here in page faults, a reused one 1 ms.
 
-On the wire (a gloo group of the generation): [header length, byte count] as int64, the header,
-the bytes: three gloo messages (``send``/``recv``, a generation's first exchange and restores).
-The steady state (a snapshot every few steps, a log every step) goes by ``Stream``: one message
-per packet, its size promised by the one before. A packet whose checksum does not match is never
-stored or loaded (``BadPacket``).
+On the wire: the steady state (a generation's first exchange, a snapshot every few steps, a
+log every step) goes over each rank's buddy link (transfer/links.py: one frame per packet, no
+copy); restores after a failure over the generation's gloo group (``send``/``recv``: [header
+length, byte count] as int64, the header, the bytes). A packet whose checksum does not match is
+never stored or loaded (``BadPacket``).
 """
 from __future__ import annotations
 
@@ -187,76 +187,6 @@ def recv(src: int, group: dist.ProcessGroup, buffers: Buffers | None = None) -> 
     return Packet(h["kind"], h["step"], h["entries"], data, h["crc32"], h["extra"])
 
 
-PREFIX = 24           # a stream message's prefix: header slot, byte count, next message's size (int64)
-SLOT = 1024           # a stream's header slot grows in steps of this, and never shrinks
-
-
-class Stream:
-    """One kind of packet, one direction, between this rank and one peer on one group: each
-    packet one gloo message (``PREFIX`` + a header slot + the bytes) instead of three.
-
-    Every gloo receive needs its size up front, so each message says how big the next one of
-    this stream will be (the sender keeps the size while packets keep their layout, as a
-    snapshot or a log does step after step: the header is padded to a slot that only grows). When
-    a packet does not fit the size promised, a *note* of the promised size goes first, saying the
-    new one (a stream's first packet: its note is the bare prefix). Measured on this machine's two
-    cores with four ranks: each gloo message costs about 0.7 ms of gloo's TCP thread per rank, so
-    a log in one message instead of three took about 1.4 ms off every rank's step
-    (docs/BENCHMARKS.md). A stream belongs to one generation's group: a new group, new streams;
-    one thread uses a stream at a time."""
-
-    def __init__(self, group: dist.ProcessGroup, peer: int, tag: int) -> None:
-        self.group, self.peer, self.tag = group, peer, tag
-        self.size = PREFIX            # the next message's size: promised (sending) or expected (receiving)
-        self._slot = 0
-        self._frame: torch.Tensor | None = None
-
-    def _frame_of(self, nbytes: int) -> torch.Tensor:
-        if self._frame is None or self._frame.numel() != nbytes:
-            self._frame = torch.empty(nbytes, dtype=torch.uint8)
-        return self._frame
-
-    def send(self, packet: Packet) -> None:
-        head = packet.header()
-        if len(head) > self._slot:
-            self._slot = -(-(len(head) + SLOT // 4) // SLOT) * SLOT
-        total = PREFIX + self._slot + packet.nbytes
-        if total != self.size:            # a note of the promised size: the real one follows, this big
-            note = torch.zeros(self.size, dtype=torch.uint8)
-            note[:PREFIX].view(torch.int64).copy_(torch.tensor([0, 0, total]))
-            dist.send(note, self.peer, group=self.group, tag=self.tag)
-            self.size = total
-        frame = self._frame_of(total)
-        frame[:PREFIX].view(torch.int64).copy_(torch.tensor([self._slot, packet.nbytes, total]))
-        body = frame[PREFIX:PREFIX + self._slot]
-        body.fill_(ord(" "))              # JSON allows the padding
-        body[:len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
-        if packet.nbytes:
-            frame[PREFIX + self._slot:].copy_(packet.data)
-        dist.send(frame, self.peer, group=self.group, tag=self.tag)
-
-    def recv(self, buffers: Buffers | None = None) -> Packet:
-        """The next packet (its header checked, its bytes copied into a buffer of ``buffers``;
-        verified by whoever keeps or loads it, as ``recv``'s)."""
-        for _ in range(2):                # a note, then the packet: never two notes in a row
-            frame = self._frame_of(self.size)
-            dist.recv(frame, self.peer, group=self.group, tag=self.tag)
-            slot, nbytes, following = (int(v) for v in frame[:PREFIX].view(torch.int64))
-            if not PREFIX <= following <= PREFIX + MAX_HEADER + MAX_BYTES:
-                raise BadPacket(f"buddy stream message announces a next one of {following} bytes: refused")
-            self.size = following
-            if slot == 0 and nbytes == 0:
-                continue
-            if not (0 < slot <= MAX_HEADER and 0 <= nbytes and PREFIX + slot + nbytes == frame.numel()):
-                raise BadPacket(f"buddy stream message of {frame.numel()} bytes says {slot} + {nbytes}: refused")
-            h = parse_header(bytes(frame[PREFIX:PREFIX + slot].numpy()), nbytes)
-            data = buffers.take(nbytes) if buffers is not None else torch.empty(nbytes, dtype=torch.uint8)
-            if nbytes:
-                data.copy_(frame[PREFIX + slot:])
-            return Packet(h["kind"], h["step"], h["entries"], data, h["crc32"], h["extra"])
-        raise BadPacket("two size notes in a row on a buddy stream: refused")
-
-
 class Transfer(threading.Thread):
     """One packet to or from the buddy group, off the training thread."""
 
@@ -371,4 +301,4 @@ class BuddyStore:
         return sum(p.nbytes for p in (self.state, self.fresh, *self.logs) if p is not None)
 
 
-__all__ = ["BadPacket", "BuddyStore", "Buffers", "Packet", "Stream", "Transfer", "checksum", "pack", "parse_header", "recv", "send"]
+__all__ = ["BadPacket", "BuddyStore", "Buffers", "Packet", "Transfer", "checksum", "pack", "parse_header", "recv", "send"]

@@ -10,7 +10,7 @@ import pytest
 
 from hotspare.coordinator.events import NodeConnected, NodeLost
 from hotspare.agent.lease import AgentLease, valid_until
-from hotspare.agent.netif import gloo_interface
+from hotspare.protocol.netif import gloo_interface
 from hotspare.agent.remote import parse_devices, serve
 from hotspare.config import RunConfig
 from hotspare.config.run import HostsConfig, LaunchConfig
