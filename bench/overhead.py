@@ -288,6 +288,21 @@ def one_round(model: str, steps: int, warmup: int, order: list[str], port: int, 
         out[n], out[f"{n}_steps"] = per_step(j.points, start, end)
         out[f"{n}_rss_mb"] = statistics.mean(j.rss) if j.rss else None
         out[f"{n}_snap_ram_mb"] = j.snap_ram_mb
+    return _ratios(out, jobs)
+
+
+def alone_round(model: str, steps: int, warmup: int, order: list[str], observe: bool = False) -> dict:
+    """One round with the jobs one after another, each alone on the cores (``--alone``)."""
+    out: dict = {"first": order[0], "window_s": 0.0, "observed": observe, "scrapes": None,
+                 "dashboard_records": None, "dashboard_error": None}
+    for n in order:
+        res = one_round(model, steps, warmup, [n], free_port(), observe)
+        out["window_s"] += res["window_s"]
+        out.update({k: v for k, v in res.items() if k == n or k.startswith(f"{n}_")})
+    return _ratios(out, [n for n in order])
+
+
+def _ratios(out: dict, jobs) -> dict:
     for n, base in (("hotspare", "torchrun"), (OBSERVED, "torchrun"), (OBSERVED, "hotspare"),
                     (NOSNAP, "torchrun"), ("hotspare", NOSNAP)):
         if n in jobs and base in jobs:
@@ -299,12 +314,13 @@ def one_round(model: str, steps: int, warmup: int, order: list[str], port: int, 
 
 
 def measure(model: str = "5m", steps: int = 120, rounds: int = 3, warmup: int = 10, say=print,
-            observe: bool = False) -> dict:
+            observe: bool = False, alone: bool = False) -> dict:
     results = []
     names = ["torchrun", "hotspare"] + ([OBSERVED] if observe else []) + ([NOSNAP] if _sharded() else [])
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
-        res = one_round(model, steps, warmup, order, free_port(), observe)
+        res = (alone_round(model, steps, warmup, order, observe) if alone
+               else one_round(model, steps, warmup, order, free_port(), observe))
         results.append(res)
         t, h = res["torchrun"], res["hotspare"]
         say(f"   round {r + 1}: CPU per step, torchrun {1000 * t['all']:7.1f} ms ({res['torchrun_steps']} steps), "
@@ -378,6 +394,10 @@ def main() -> None:
                    help="run the example sharded (FSDP2, or 2 x 2 HSDP): hotspare's buddy snapshots and step gate "
                         "against torchrun's plain FSDP2 (docs/SHARDED.md)")
     p.add_argument("--batch-size", type=int, help="the example's sequences per rank per step (its default: 8)")
+    p.add_argument("--alone", action="store_true",
+                   help="run the jobs one after another, each alone on the cores, instead of side by side: wall "
+                        "time per step then says what a job's own synchronisation costs (CPU per step is then "
+                        "exposed to the machine's drift between the jobs' turns)")
     args = p.parse_args()
     SCRIPT_EXTRA[:] = [f"--{args.sharded}"] if args.sharded else []
     if args.batch_size:
@@ -388,14 +408,16 @@ def main() -> None:
         p.error("--rounds must be at least 1")
     watched = " and hotspare with metrics, events and dashboard" if args.observe else ""
     watched += f" and hotspare with buddy snapshots off ({args.sharded})" if args.sharded else ""
-    print(f"model {args.model}, torchrun and hotspare{watched} side by side, 4 ranks each (+1 spare), "
+    how = "one after another, each alone" if args.alone else "side by side"
+    print(f"model {args.model}, torchrun and hotspare{watched} {how}, 4 ranks each (+1 spare), "
           f"{os.cpu_count()} cores", flush=True)
-    res = measure(args.model, args.steps, args.rounds, args.warmup, observe=args.observe)
+    res = measure(args.model, args.steps, args.rounds, args.warmup, observe=args.observe, alone=args.alone)
     print(f"hotspare / torchrun CPU per step: median {res['ratio_median']:.4f}, mean {res['ratio_mean']:.4f} "
           f"+- {res['ratio_stdev']:.4f} (sd over {args.rounds} rounds)   target < 1.005")
     print(f"   of which: workers {res['workers_ratio_median']:.4f}; hotspare's launcher beyond torchrun's "
           f"{100 * res['launcher_extra_share']:+.3f}% and its spare {100 * res['spare_share']:.3f}% of torchrun's CPU per step")
-    print(f"   wall time per step (the jobs sharing the cores): median ratio {res['wall_ratio_median']:.4f}")
+    print(f"   wall time per step ({'each job alone' if args.alone else 'the jobs sharing the cores'}): "
+          f"median ratio {res['wall_ratio_median']:.4f}")
     if args.observe:
         for base in ("torchrun", "hotspare"):
             k = f"{OBSERVED}/{base}:"

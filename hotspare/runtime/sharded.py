@@ -53,7 +53,7 @@ from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride
 from hotspare.protocol import auth
 from hotspare.transfer import buddy as wire
 from hotspare.transfer import links
-from hotspare.transfer.buddy import BuddyStore, Buffers, Packet, Transfer
+from hotspare.transfer.buddy import BuddyStore, Packet, Transfer
 
 # The job (runtime/job.py ``Job``) that creates this runtime: typed loosely so the import goes
 # one way (job.py imports this module).
@@ -84,7 +84,6 @@ class ShardedRuntime:
         self.job = job
         self.every = snapshot_every() if job.managed else 0
         self.store = BuddyStore(keep=self.every + 2)     # a snapshot, its logs, one in flight
-        self._out = Buffers(2)                           # what this rank packs: a snapshot, a log
         self._sent = NONE                                # the step of the last snapshot every rank sent
         self._replaying = False
         self._prepared = False
@@ -160,8 +159,7 @@ class ShardedRuntime:
     def _shards(self) -> list[tuple[tuple, torch.Tensor]]:
         """(path, live local tensor) of every tracked sharded object, in the registry's order."""
         reg = self.job.registry
-        names = reg.sharded
-        return [(p, t) for p, t in reg.snapshot().tensors if p[0] in names]
+        return reg.snapshot(names=set(reg.sharded)).tensors
 
     # ------------------------------------------------------------------ 1. the snapshot, overlapped
     def _forward_begins(self, module, args) -> None:
@@ -213,11 +211,7 @@ class ShardedRuntime:
     def _swap_snapshots(self, step: int, shards, link: links.Links) -> Packet:
         """In a thread, overlapped with forward and backward: this rank's snapshot out, its
         predecessor's in (verified here, off the training thread)."""
-        packet = wire.pack("state", step, shards, buffers=self._out)
-        try:
-            got = link.exchange(packet, self.store.buffers)
-        finally:
-            self._out.give(packet.data)
+        got = link.exchange(wire.view("state", step, shards), self.store.buffers)
         got.verify()
         return got
 
@@ -249,13 +243,8 @@ class ShardedRuntime:
             self._sending = None
             self.store.keep_state(self.pred, sending[1].outcome())
             self._sent = step - 1
-        log = wire.pack("log", step, rp.grads(opt), {"groups": rp.hyper(opt), "none": rp.none_grads(opt)},
-                        buffers=self._out)
-        try:
-            pred_log = self._buddy_links().exchange(log, self.store.buffers)
-        finally:
-            self._out.give(log.data)
-        self.store.add_log(self.pred, pred_log)
+        log = wire.view("log", step, rp.grads(opt), {"groups": rp.hyper(opt), "none": rp.none_grads(opt)})
+        self.store.add_log(self.pred, self._buddy_links().exchange(log, self.store.buffers))
         if not self._said_memory and self.job.rank == 0 and opt.state:     # the optimizer's state exists
             self._said_memory = True
             self._say_memory(sum(t.numel() * t.element_size() for _, t in self._shards()))
@@ -363,7 +352,7 @@ class ShardedRuntime:
                 self.restores.append({"step": target, "source": src.kind, "from_rank": src.holder,
                                       "snapshot_step": state.step, "logs": len(logs), "bytes": nbytes})
                 print(f"hotspare: rank {m.rank}: shard of step {target} restored from rank {src.holder}: "
-                      f"{_what(src.kind, state, logs)} ({nbytes} bytes, crc32 checked)", file=sys.stderr, flush=True)
+                      f"{_what(src.kind, state, logs)} ({nbytes} bytes, checksum checked)", file=sys.stderr, flush=True)
         m.restored = fallback.sources(self, target)    # the report's words
         self._exchange_snapshots(target)
 
@@ -384,11 +373,8 @@ class ShardedRuntime:
         if not self.every:
             return
         self._sent = step
-        mine = wire.pack("state", step, self._shards(), buffers=self._out)
-        try:
-            got = self._buddy_links().exchange(mine, self.store.buffers)
-        finally:
-            self._out.give(mine.data)
+        mine = wire.view("state", step, self._shards())
+        got = self._buddy_links().exchange(mine, self.store.buffers)
         nbytes = mine.nbytes
         self.store.keep_state(self.pred, got)
         reg = self.job.registry        # the host RAM the snapshots take: refused before step 0 if it cannot fit

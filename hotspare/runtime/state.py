@@ -141,10 +141,12 @@ class StateRegistry:
     def __bool__(self) -> bool:
         return bool(self._objs)
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, names=None) -> Snapshot:
+        """Every tracked object's state (only those of ``names`` when given), encoded."""
         snap = Snapshot()
         for name in sorted(self._objs):
-            snap.trees[name] = _encode(self._state_dict(name), (name,), snap.tensors)
+            if names is None or name in names:
+                snap.trees[name] = _encode(self._state_dict(name), (name,), snap.tensors)
         return snap
 
     def digest(self, per_rank: dict[str, set[str]] | None = None) -> str:

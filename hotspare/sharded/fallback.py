@@ -50,7 +50,7 @@ BAD_FRESH, BAD_HELD = 1, 2     # a holder's copy failed its checksum: its newer 
 
 def checked_plan(rt: Runtime, status: list[BuddyStatus], target: int,
                  replicas: list[list[int]] | None) -> tuple[list[Source], str | None]:
-    """``plan_restore``, with every copy a holder is about to send verified first (the CRC-32 of
+    """``plan_restore``, with every copy a holder is about to send verified first (the checksum of
     the bytes it holds now: a snapshot whole on arrival may not be, hours later). A copy that
     fails is dropped on every rank alike (one gather of each rank's verdict) and the plan made
     again without it: the next source (the older snapshot and its log, or the checkpoint), with

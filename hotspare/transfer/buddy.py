@@ -3,18 +3,21 @@ them (its buddy, hotspare/sharded/plan.py ``buddy_of``) and kept there in host R
 
 A ``Packet`` is one flat byte buffer (the tensors back to back) with a JSON header: its kind
 ("state": the shard after an optimizer update; "log": the final gradients of a step and the
-optimizer's hyperparameters), the step, every entry's path, dtype and shape, and the CRC-32 of
-the bytes. Nothing is unpickled: the header is JSON, checked field by field; the bytes are only
+optimizer's hyperparameters), the step, every entry's path, dtype and shape, and the checksum
+of the bytes (XXH3-64). Nothing is unpickled: the header is JSON, checked field by field; the bytes are only
 ever copied into tensors of the dtypes and shapes the receiver's own state has.
 
 The checksum guards against corruption (a flipped bit in a buddy's RAM, a torn transfer), not an
-attacker (the bytes ride the job's own gloo group, or a buddy link proven at connect): zlib's CRC-32 (the standard library; every
-burst error up to 32 bits, any other with probability 1 - 2^-32) runs at 4.2 GB/s on one core
-of the 2-core machine here, against 1.8 GB/s for sha256 (with the CPU's SHA instructions) and
-0.8 GB/s for blake2b (measured; docs/BENCHMARKS.md).
+attacker (the bytes ride the job's own gloo group, or a buddy link proven at connect): XXH3-64
+(the ``xxhash`` package; a 64-bit hash built to detect accidental changes: any change is missed
+with probability about 2^-64) runs at ~55 GB/s on one core of the 2-core machine here, against
+4.2 GB/s for zlib's CRC-32, which it replaced (the CRC of every step's gradient log was a third
+of the snapshots' CPU), 1.8 GB/s for sha256 and 0.8 GB/s for blake2b (bench/checksums.py).
 
-Packing copies every tensor once into a byte buffer that is reused (``Buffers``): a fresh one
-per packet cost 4.5 ms per 12 MB here in page faults, a reused one 1 ms.
+Sending copies nothing: ``view`` checksums the tensors where they are and the link sends from
+their memory. What a rank keeps or receives over gloo lands in byte buffers that are reused
+(``Buffers``): a fresh one per packet cost 4.5 ms per 12 MB here in page faults, a reused one 1
+ms. ``pack`` (a copy) is for packets that must outlive the tensors: a replica's restore.
 
 On the wire: the steady state (a generation's first exchange, a snapshot every few steps, a
 log every step) goes over each rank's buddy link (transfer/links.py: one frame per packet, no
@@ -24,15 +27,16 @@ never stored or loaded (``BadPacket``).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import xxhash
 
 from hotspare.errors import PeerFailure, StateMismatch
 
@@ -58,25 +62,26 @@ class Packet:
     kind: str
     step: int
     entries: list[list[Any]]          # [path, dtype, shape]
-    data: torch.Tensor                # uint8, the tensors back to back
-    crc32: int
+    data: torch.Tensor | None         # uint8, the tensors back to back (None: an outgoing ``view``)
+    digest: int                       # XXH3-64 of the bytes
     extra: dict[str, Any] = field(default_factory=dict)   # JSON only (a log's hyperparameters)
     verified: bool = False            # its checksum was checked since it arrived
+    views: list[memoryview] | None = None    # a ``view``'s bytes: the tensors' own memory, in order
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel()
+        return self.data.numel() if self.data is not None else sum(v.nbytes for v in self.views)
 
     def header(self) -> bytes:
         return json.dumps({"kind": self.kind, "step": self.step, "entries": self.entries,
-                           "crc32": self.crc32, "extra": self.extra}).encode()
+                           "xxh3": self.digest, "extra": self.extra}).encode()
 
     def verify(self) -> None:
         """Raise ``BadPacket`` unless the bytes are the ones the sender checksummed."""
         got = checksum(self.data)
-        if got != self.crc32:
+        if got != self.digest:
             raise BadPacket(f"buddy {self.kind} of step {self.step}: checksum mismatch "
-                            f"(crc32 {got:08x}, sent {self.crc32:08x}): corrupt, not loaded")
+                            f"(xxh3 {got:016x}, sent {self.digest:016x}): corrupt, not loaded")
         self.verified = True
 
     def tensors(self) -> list[tuple[tuple, torch.Tensor]]:
@@ -95,7 +100,7 @@ class Packet:
 
 
 def checksum(data: torch.Tensor) -> int:
-    return zlib.crc32(data.numpy().data) if data.numel() else 0
+    return xxhash.xxh3_64_intdigest(memoryview(data.numpy()))
 
 
 class Buffers:
@@ -141,13 +146,41 @@ def pack(kind: str, step: int, tensors: list[tuple[tuple, torch.Tensor]], extra:
     return Packet(kind, step, entries, data, checksum(data), dict(extra or {}))
 
 
+def view(kind: str, step: int, tensors: list[tuple[tuple, torch.Tensor]], extra: dict | None = None) -> Packet:
+    """A packet to send at once, not to keep: its bytes are the tensors' own memory (no copy),
+    checksummed now. Valid while nothing writes the tensors: the buddy exchanges run before the
+    step's ``optimizer.step()`` and are waited for there (runtime/sharded.py), so a snapshot's
+    parameters and optimizer state and a log's gradients stay as they were packed. Measured: a
+    gradient log of 43 tensors packed by copy cost 12 us a tensor in Python besides the bytes."""
+    assert kind in KINDS
+    entries, views, h = [], [], xxhash.xxh3_64()
+    for path, t in tensors:
+        entries.append([list(path), _dtype_name(t.dtype), list(t.shape)])
+        if t.numel():
+            t = t.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()          # a copy, taken now
+            try:
+                b = memoryview(t.numpy()).cast("B")
+            except TypeError:               # a dtype numpy lacks (bfloat16): its bytes
+                b = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            h.update(b)
+            views.append(b)
+    return Packet(kind, step, entries, None, h.intdigest(), dict(extra or {}), views=views)
+
+
+@functools.cache
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
 def parse_header(raw: bytes, nbytes: int) -> dict[str, Any]:
     try:
         h = json.loads(raw)
     except ValueError as e:
         raise BadPacket(f"buddy snapshot header is not JSON: {e}") from None
     ok = (isinstance(h, dict) and h.get("kind") in KINDS and isinstance(h.get("step"), int)
-          and isinstance(h.get("entries"), list) and isinstance(h.get("crc32"), int)
+          and isinstance(h.get("entries"), list) and isinstance(h.get("xxh3"), int)
           and isinstance(h.get("extra"), dict)
           and all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], list) and isinstance(e[2], list)
                   and all(isinstance(x, int) and x >= 0 for x in e[2]) for e in h["entries"]))
@@ -184,7 +217,7 @@ def recv(src: int, group: dist.ProcessGroup, buffers: Buffers | None = None) -> 
         dist.recv(data, src, group=group)
     # Not checked here: a state snapshot is checked as the store keeps it, every packet again
     # before it is loaded; a log only then (one per step: its check is off the step's path).
-    return Packet(h["kind"], h["step"], h["entries"], data, h["crc32"], h["extra"])
+    return Packet(h["kind"], h["step"], h["entries"], data, h["xxh3"], h["extra"])
 
 
 class Transfer(threading.Thread):
@@ -301,4 +334,4 @@ class BuddyStore:
         return sum(p.nbytes for p in (self.state, self.fresh, *self.logs) if p is not None)
 
 
-__all__ = ["BadPacket", "BuddyStore", "Buffers", "Packet", "Transfer", "checksum", "pack", "parse_header", "recv", "send"]
+__all__ = ["BadPacket", "BuddyStore", "Buffers", "Packet", "Transfer", "checksum", "pack", "parse_header", "recv", "send", "view"]

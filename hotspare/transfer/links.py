@@ -17,7 +17,7 @@ generation and answers that nonce the same way, so neither end sends its shard t
 packet from, anything that does not hold the job's peer key (``HOTSPARE_PEER_KEY``, handed to
 each worker by its agent; protocol/auth.py). Like the control channels, an established
 connection is bound to that identity for its life and its frames carry no MAC of their own; their
-CRC-32 guards against corruption. The listener binds to the address the job's gloo traffic uses
+checksum (XXH3-64) guards against corruption. The listener binds to the address the job's gloo traffic uses
 (``GLOO_SOCKET_IFNAME``'s, else the one that routes to ``MASTER_ADDR``: protocol/netif.py),
 takes connections only while a generation makes its links, gives each at most
 ``HELLO_TIMEOUT_S`` and ``MAX_HELLO`` bytes to prove itself, and logs and drops one that fails.
@@ -200,7 +200,9 @@ class Links:
         if packet is not None:
             head = packet.header()
             parts = [memoryview(PREFIX.pack(len(head), packet.nbytes) + head)]
-            if packet.nbytes:
+            if packet.views is not None:
+                parts += [v.cast("B") for v in packet.views]
+            elif packet.nbytes:
                 parts.append(memoryview(packet.data.numpy()).cast("B"))
         rx = _Receiver(buffers) if receive else None
         poll = self._poll
@@ -309,7 +311,7 @@ class _Receiver:
 
     def packet(self) -> Packet:
         h = self._h
-        return Packet(h["kind"], h["step"], h["entries"], self._data, h["crc32"], h["extra"])
+        return Packet(h["kind"], h["step"], h["entries"], self._data, h["xxh3"], h["extra"])
 
 
 def link_up(listener: Listener, store, key: str, gen: int, me: int, buddy: int, pred: int,

@@ -42,6 +42,26 @@ def _packet(step: int, n: int, seed: int) -> wire.Packet:
                      {"groups": [{"lr": 0.1}]})
 
 
+def _view(step: int, n: int, seed: int) -> wire.Packet:
+    g = torch.Generator().manual_seed(seed)
+    return wire.view("log", step, [(("grad", 0), torch.randn(n, generator=g)), (("grad", 1), torch.arange(5.0))],
+                     {"groups": [{"lr": 0.1}]})
+
+
+def test_a_view_checksums_and_sends_what_a_copy_would():
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(40, generator=g)
+    tensors = [(("a",), base[::2]),                                   # strided: sent as a contiguous copy
+               (("b",), torch.randn(3, 4, generator=g)),
+               (("c",), torch.tensor(7.0)),                            # 0-dim
+               (("d",), torch.randn(6, generator=g).to(torch.bfloat16)),   # a dtype numpy lacks
+               (("e",), torch.empty(0)),
+               (("f",), torch.arange(5, dtype=torch.int64))]
+    copy, v = wire.pack("state", 2, tensors), wire.view("state", 2, tensors)
+    assert (v.entries, v.digest, v.nbytes) == (copy.entries, copy.digest, copy.nbytes)
+    assert b"".join(bytes(x) for x in v.views) == bytes(copy.data.numpy())
+
+
 def _ring(store, world: int, key=KEY, gen: int = 7, timeout_s: float = 10.0, aborted=lambda: False):
     """Every rank links up at once (threads); returns (listeners, links by rank)."""
     listeners = [links.Listener("127.0.0.1") for _ in range(world)]
@@ -82,15 +102,18 @@ def _exchange_all(made: dict, packets: dict[int, wire.Packet]) -> dict[int, wire
 def test_a_ring_of_four_links_up_and_moves_packets_byte_for_byte(store):
     _, made = _ring(store, 4)
     assert all(isinstance(m, links.Links) for m in made.values()), made
-    for step, n in ((0, 1000), (1, 1_500_000), (2, 3)):      # 6 MB: far beyond a socket's buffer
-        sent = {r: _packet(step, n, seed=10 * r + step) for r in range(4)}
+    for step, n, copy in ((0, 1000, True), (1, 1_500_000, False), (2, 3, False), (3, 0, False)):
+        # 6 MB: far beyond a socket's buffer; sent as a copy (``pack``) or from the tensors' own memory (``view``)
+        packed = {r: _packet(step, n, seed=10 * r + step) for r in range(4)}
+        sent = packed if copy else {r: _view(step, n, seed=10 * r + step) for r in range(4)}
         got = _exchange_all(made, sent)
         for r in range(4):
             p = got[r]
             assert isinstance(p, wire.Packet), p
-            src = sent[(r - 1) % 4]
+            src = packed[(r - 1) % 4]
             p.verify()
-            assert (p.kind, p.step, p.entries, p.extra) == (src.kind, src.step, src.entries, src.extra)
+            assert (p.kind, p.step, p.entries, p.extra, p.digest) == (src.kind, src.step, src.entries, src.extra,
+                                                                     src.digest)
             assert torch.equal(p.data, src.data)
 
 
@@ -196,7 +219,7 @@ def _raw_frame(link: links.Links, header: dict, data: bytes) -> None:
 
 def test_a_frame_that_lies_about_its_bytes_is_refused(store):
     _, made = _ring(store, 2)
-    _raw_frame(made[0], {"kind": "log", "step": 1, "entries": [[["g"], "float32", [4]]], "crc32": 0, "extra": {}},
+    _raw_frame(made[0], {"kind": "log", "step": 1, "entries": [[["g"], "float32", [4]]], "xxh3": 0, "extra": {}},
                b"\0" * 8)
     with pytest.raises(wire.BadPacket, match="describes 16 bytes, 8 announced"):
         made[1].exchange(None, wire.Buffers())
