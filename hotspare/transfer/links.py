@@ -48,6 +48,7 @@ from hotspare.transfer.buddy import MAX_BYTES, MAX_HEADER, BadPacket, Buffers, P
 
 HELLO_TIMEOUT_S = 5.0      # a connection proves itself within this
 MAX_HELLO = 1024           # bytes of a handshake line
+IOV_MAX = 512              # buffers per sendmsg (Linux allows 1024)
 POLL_S = 0.5               # how often a blocked exchange looks whether its generation was aborted
 PREFIX = struct.Struct("<qq")
 KEY = "hotspare_link/{rank}"      # in the generation's store: where rank's listener is
@@ -241,17 +242,20 @@ class Links:
             pass
 
     def _send_some(self, parts: list[memoryview]) -> None:
-        """Send what the socket takes now."""
+        """Send what the socket takes now: every part in one system call (``sendmsg``, a
+        packet's header and each of its tensors), not one call per tensor."""
         while parts:
             try:
-                n = self.out.send(parts[0])
+                n = self.out.sendmsg(parts[:IOV_MAX])
             except BlockingIOError:
                 return
             except OSError as e:
                 raise PeerFailure(f"the buddy link to rank {self.buddy}: {e}") from e
-            parts[0] = parts[0][n:]
-            if not len(parts[0]):
-                parts.pop(0)
+            while n:
+                if n >= parts[0].nbytes:
+                    n -= parts.pop(0).nbytes
+                else:
+                    parts[0], n = parts[0][n:], 0
 
     def close(self) -> None:
         for s in (self.out, self.inn):
