@@ -158,6 +158,8 @@ def view(kind: str, step: int, tensors: list[tuple[tuple, torch.Tensor]], extra:
         entries.append([list(path), _dtype_name(t.dtype), list(t.shape)])
         if t.numel():
             t = t.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()                 # a host copy, taken now (synchronous: docs/SHARDED.md, On GPUs)
             if not t.is_contiguous():
                 t = t.contiguous()          # a copy, taken now
             try:

@@ -95,7 +95,7 @@ def test_the_launcher_and_agent_write_the_contract_the_worker_reads(tmp_path):
     assert (contract["checkpoint_dir"], contract["checkpoint_every"]) == (str(ckpts), 5)
     assert contract["checkpoint_key"] == os.path.abspath(os.environ["HOTSPARE_CHECKPOINT_KEY"])
     assert contract["resume_dir"] is None and contract["faults"] is False     # the caller's stale ones are gone
-    assert "HOTSPARE_WORKER_TOKEN" in seen["names"]
+    assert "HOTSPARE_WORKER_TOKEN" in seen["names"] and "HOTSPARE_PEER_KEY" in seen["names"]
 
 
 def _registry() -> StateRegistry:
