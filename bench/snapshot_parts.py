@@ -11,6 +11,8 @@ sharing the cores do not inflate it):
 * ``gate: log checksummed``: the checksum of the step's gradient shards, sent from their own memory;
 * ``gate: log exchanged``: the log to the buddy and the predecessor's in (transfer/links.py);
 * ``gate: log kept``: the predecessor's log added to its run;
+* ``gate: the rest``: the rest of the gate's buddy work (the gradient shards and the optimizer's
+  hyperparameters gathered for the log: ``to_local`` of every DTensor gradient);
 * ``snapshot started``: at the step's first forward when one is due (the thread started);
 * ``snapshot thread``: the checksum, the exchange and the received one's check, on its thread.
 
@@ -37,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "gpt_stdlib.py"
 PARTS = ("gate: snapshot waited", "gate: log checksummed", "gate: log exchanged", "gate: log kept",
-         "snapshot started", "snapshot thread")
+         "gate: the rest", "snapshot started", "snapshot thread")
 
 
 def _wrap_and_run(out_dir: str, warmup: int, script: list[str]) -> None:
@@ -77,12 +79,20 @@ def _wrap_and_run(out_dir: str, warmup: int, script: list[str]) -> None:
 
     gate = sharded.ShardedRuntime._buddy_gate
 
+    inner = ("gate: snapshot waited", "gate: log checksummed", "gate: log exchanged", "gate: log kept")
+
     def gate_wrapper(self, *args, **kwargs):
         in_gate.on = True
+        with lock:
+            before = sum(sums[p] for p in inner)
+        t = clock()
         try:
             return gate(self, *args, **kwargs)
         finally:
+            total = clock() - t
             in_gate.on = False
+            with lock:
+                sums["gate: the rest"] += total - (sum(sums[p] for p in inner) - before)
     sharded.ShardedRuntime._buddy_gate = gate_wrapper
     timed(buddy.Transfer, "outcome", "gate: snapshot waited", gate_only=True)
     timed(buddy.BuddyStore, "keep_state", "gate: snapshot waited", gate_only=True)

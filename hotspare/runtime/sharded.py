@@ -243,7 +243,8 @@ class ShardedRuntime:
             self._sending = None
             self.store.keep_state(self.pred, sending[1].outcome())
             self._sent = step - 1
-        log = wire.view("log", step, rp.grads(opt), {"groups": rp.hyper(opt), "none": rp.none_grads(opt)})
+        grads, none = rp.grads(opt)
+        log = wire.view("log", step, grads, {"groups": rp.hyper(opt), "none": none})
         self.store.add_log(self.pred, self._buddy_links().exchange(log, self.store.buffers))
         if not self._said_memory and self.job.rank == 0 and opt.state:     # the optimizer's state exists
             self._said_memory = True

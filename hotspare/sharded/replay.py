@@ -14,24 +14,24 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from hotspare.errors import StateMismatch
+from hotspare.sharded.localize import local
 
 
 def params_of(opt) -> list[torch.Tensor]:
     return [q for g in opt.param_groups for q in g["params"]]
 
 
-def grads(opt) -> list[tuple[tuple, torch.Tensor]]:
-    """(("grad", i), local gradient shard) of every parameter of ``opt`` that has one."""
-    out = []
+def grads(opt) -> tuple[list[tuple[tuple, torch.Tensor]], list[int]]:
+    """(("grad", i), local gradient shard) of every parameter of ``opt`` that has one, and the
+    indices of those that have none."""
+    out, none = [], []
     for i, prm in enumerate(params_of(opt)):
-        if prm.grad is not None:
-            g = prm.grad
-            out.append((("grad", i), g.to_local() if isinstance(g, DTensor) else g))
-    return out
-
-
-def none_grads(opt) -> list[int]:
-    return [i for i, prm in enumerate(params_of(opt)) if prm.grad is None]
+        g = prm.grad
+        if g is None:
+            none.append(i)
+        else:
+            out.append((("grad", i), local(g)))
+    return out, none
 
 
 def _jsonable(v: Any) -> bool:
@@ -81,4 +81,4 @@ def replay(opt, logs: Iterable[Any], replaying: Callable[[bool], None]) -> None:
             q.grad = g
 
 
-__all__ = ["grads", "hyper", "none_grads", "params_of", "replay", "set_hyper"]
+__all__ = ["grads", "hyper", "params_of", "replay", "set_hyper"]

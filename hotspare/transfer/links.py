@@ -19,8 +19,9 @@ each worker by its agent; protocol/auth.py). Like the control channels, an estab
 connection is bound to that identity for its life and its frames carry no MAC of their own; their
 checksum (XXH3-64) guards against corruption. The listener binds to the address the job's gloo traffic uses
 (``GLOO_SOCKET_IFNAME``'s, else the one that routes to ``MASTER_ADDR``: protocol/netif.py),
-takes connections only while a generation makes its links, gives each at most
-``HELLO_TIMEOUT_S`` and ``MAX_HELLO`` bytes to prove itself, and logs and drops one that fails.
+takes connections only while a generation makes its links, lets at most ``MAX_PENDING`` prove
+themselves at once, each in its own thread within ``HELLO_TIMEOUT_S`` and ``MAX_HELLO`` bytes (a
+silent one cannot hold the real predecessor up), and logs and drops one that fails.
 
 A frame: [header length, byte count] (little-endian int64), the JSON header, the bytes. A link is
 bound to its generation: ``adopt`` hands its socket to the generation, whose abort shuts it down,
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import secrets
 import select
 import socket
@@ -46,9 +48,11 @@ from hotspare.protocol import auth
 from hotspare.protocol.netif import ipv4_of, source_address
 from hotspare.transfer.buddy import MAX_BYTES, MAX_HEADER, BadPacket, Buffers, Packet, parse_header
 
-HELLO_TIMEOUT_S = 5.0      # a connection proves itself within this
+HELLO_TIMEOUT_S = 5.0      # a connection proves itself within this (honest ones take milliseconds)
 MAX_HELLO = 1024           # bytes of a handshake line
 IOV_MAX = 512              # buffers per sendmsg (Linux allows 1024)
+MAX_PENDING = 8            # connections proving themselves at once while links are made
+ACCEPT_POLL_S = 0.05       # how often the accept loop looks for a proven connection
 POLL_S = 0.5               # how often a blocked exchange looks whether its generation was aborted
 PREFIX = struct.Struct("<qq")
 KEY = "hotspare_link/{rank}"      # in the generation's store: where rank's listener is
@@ -116,25 +120,61 @@ class Listener:
     def accept_from(self, key: str, gen: int, pred: int, me: int, deadline: float,
                     aborted: Callable[[], bool]) -> socket.socket:
         """The connection of rank ``pred`` of generation ``gen`` to this rank, proven; any other
-        is logged and dropped."""
-        while True:
-            left = deadline - time.monotonic()
-            if aborted():
-                raise PeerFailure("the generation was aborted while its buddy links were made")
-            if left <= 0:
-                raise PeerFailure(f"rank {pred} did not link to rank {me} (generation {gen}) in time")
-            self.sock.settimeout(min(left, POLL_S))
-            try:
-                conn, peer = self.sock.accept()
-            except socket.timeout:
-                continue
+        is logged and dropped. Connections prove themselves side by side, each in a thread of its
+        own (at most ``MAX_PENDING`` at once; more are closed at once), so a silent or trickling
+        one cannot hold the real one up."""
+        proven: queue.Queue = queue.Queue()
+        done = threading.Event()
+        pending = [0]
+        lock = threading.Lock()
+
+        def prove(conn: socket.socket, peer) -> None:
             try:
                 self._prove(conn, key, gen, pred, me)
                 conn.settimeout(None)
-                return conn
+                with lock:
+                    keep = not done.is_set()
+                    if keep:
+                        proven.put(conn)
+                if not keep:
+                    conn.close()
             except (auth.AuthError, OSError) as e:
                 _say(f"rank {me}: buddy link: refused a connection from {peer[0]}:{peer[1]}: {e}")
                 conn.close()
+            finally:
+                with lock:
+                    pending[0] -= 1
+
+        try:
+            while True:
+                try:
+                    return proven.get_nowait()
+                except queue.Empty:
+                    pass
+                left = deadline - time.monotonic()
+                if aborted():
+                    raise PeerFailure("the generation was aborted while its buddy links were made")
+                if left <= 0:
+                    raise PeerFailure(f"rank {pred} did not link to rank {me} (generation {gen}) in time")
+                self.sock.settimeout(min(left, ACCEPT_POLL_S))
+                try:
+                    conn, peer = self.sock.accept()
+                except socket.timeout:
+                    continue
+                with lock:
+                    busy = pending[0] >= MAX_PENDING
+                    if not busy:
+                        pending[0] += 1
+                if busy:
+                    _say(f"rank {me}: buddy link: refused a connection from {peer[0]}:{peer[1]}: "
+                         f"{MAX_PENDING} others are still proving themselves")
+                    conn.close()
+                    continue
+                threading.Thread(target=prove, args=(conn, peer), daemon=True,
+                                 name="hotspare-link-prove").start()
+        finally:
+            with lock:
+                done.set()
 
     @staticmethod
     def _prove(conn: socket.socket, key: str, gen: int, pred: int, me: int) -> None:

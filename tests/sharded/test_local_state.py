@@ -77,3 +77,18 @@ def test_the_proxy_forwards_to_the_current_group(mesh):
     current["pg"] = None
     with pytest.raises(PeerFailure):
         proxy.barrier()
+
+
+def test_local_is_to_locals_shard_for_parameters_grads_and_optimizer_state(mesh):
+    from hotspare.sharded.localize import local
+    model, opt = _trained(mesh, 3)
+    model(torch.randn(3, 4)).sum().backward()        # gradients as FSDP2 leaves them
+    tensors = [t for p in model.parameters() for t in (p, p.grad)]
+    tensors += [v for st in opt.state.values() for v in st.values() if isinstance(v, DTensor)]
+    assert len(tensors) == 16 and all(isinstance(t, DTensor) for t in tensors)   # 4 x (p, grad, 2 moments)
+    for t in tensors:
+        a, b = local(t), t.to_local()
+        assert a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    plain = torch.ones(2)
+    assert local(plain) is plain

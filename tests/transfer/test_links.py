@@ -165,6 +165,25 @@ def test_connections_that_cannot_prove_they_are_the_predecessor_are_refused_and_
     assert "its proof is wrong" in err and "(7, 3, 1)" in err and "(6, 0, 1)" in err and "in time" in err
 
 
+def test_silent_connections_queued_first_do_not_hold_the_real_one_up(capsys, monkeypatch):
+    monkeypatch.setattr(links, "HELLO_TIMEOUT_S", 2.0)
+    listener = links.Listener("127.0.0.1")
+    host, port = listener.address.rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port))) for _ in range(3)]     # in the backlog first
+    t = threading.Thread(target=lambda: links.dial(listener.address, KEY, 7, 0, 1, time.monotonic() + 10))
+    t.start()
+    t0 = time.monotonic()
+    conn = listener.accept_from(KEY, 7, 0, 1, time.monotonic() + 20, lambda: False)
+    took = time.monotonic() - t0
+    t.join(10)
+    assert took < 1.5, took          # not 3 x 2 s: each connection proves itself on its own
+    conn.close()
+    time.sleep(2.5)
+    for s in silent:
+        s.close()
+    assert capsys.readouterr().err.count("said nothing in time") == 3
+
+
 def test_a_listener_that_cannot_prove_it_is_the_buddy_is_sent_nothing():
     srv = socket.create_server(("127.0.0.1", 0))
     seen = []
