@@ -25,7 +25,6 @@ whole process (every thread) per step over the same window. Mean over the four r
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -35,6 +34,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from step_parts import parts_parser      # bench/, this script's folder
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "gpt_stdlib.py"
@@ -141,14 +142,8 @@ def _run(model: str, steps: int, warmup: int, batch: int | None) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="1m", choices=["tiny", "1m", "5m"], help="example preset (default: 1m)")
-    p.add_argument("--steps", type=int, default=100, help="steps (default: 100)")
-    p.add_argument("--warmup", type=int, default=20, help="steps left out at the start (default: 20)")
+    p = parts_parser(__doc__, 100, "steps")
     p.add_argument("--batch-size", type=int, help="the example's sequences per rank per step (its default: 8)")
-    p.add_argument("--wrap", help=argparse.SUPPRESS)
-    p.add_argument("script", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.wrap:
         _wrap_and_run(args.wrap, args.warmup, args.script)

@@ -162,15 +162,20 @@ def _run(kind: str, model: str, steps: int, warmup: int) -> dict:
         return json.load(f)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parts_parser(doc: str, steps: int, steps_help: str) -> argparse.ArgumentParser:
+    """The command line of the part-by-part benches (this one and bench/snapshot_parts.py): the
+    example's preset, its steps and warm-up, and the hidden ``--wrap`` mode each rank runs in."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="1m", choices=["tiny", "1m", "5m"], help="example preset (default: 1m)")
-    p.add_argument("--steps", type=int, default=150, help="steps per job (default: 150)")
+    p.add_argument("--steps", type=int, default=steps, help=f"{steps_help} (default: {steps})")
     p.add_argument("--warmup", type=int, default=20, help="steps left out at the start (default: 20)")
     p.add_argument("--wrap", help=argparse.SUPPRESS)
     p.add_argument("script", nargs="*", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parts_parser(__doc__, 150, "steps per job").parse_args()
     if args.wrap:
         _wrap_and_run(args.wrap, args.warmup, args.script)
         return

@@ -390,9 +390,9 @@ class ShardedRuntime:
         opt = self._optimizer
         grads = sum(q.to_local().numel() * q.element_size() if hasattr(q, "to_local") else q.numel() * q.element_size()
                     for q in rp.params_of(opt)) if opt is not None else 0
-        # kept for the predecessor: its snapshot, one arriving, `every` logs and one arriving;
-        # packed by this rank: its own snapshot and log (buffers reused)
-        total = 3 * shard + (self.every + 2) * grads
+        # kept for the predecessor: its snapshot, one arriving, `every` logs and one arriving
+        # (this rank's own go from its tensors' memory: sharded/memory.py)
+        total = 2 * shard + (self.every + 1) * grads
         print(f"hotspare: sharded job: rank 0's shard (parameters and optimizer state) is {shard / 2**20:.2f} MB, "
               f"its gradient log {grads / 2**20:.2f} MB; a buddy snapshot every {self.every} steps "
               f"({ENV_EVERY}), a log every step: about {total / 2**20:.2f} MB of host RAM per rank",

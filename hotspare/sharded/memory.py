@@ -3,9 +3,10 @@
 Rank r keeps its predecessor p's copies (runtime/sharded.py, transfer/buddy.py): p's snapshot
 (parameters and optimizer state, taken every ``every`` steps, ``HOTSPARE_SNAPSHOT_EVERY``), one
 arriving, and p's gradient logs since that snapshot (one per step, up to ``every``) and one
-arriving; it also packs its own snapshot and log. At its peak a rank holds::
+arriving. Its own snapshot and log go from its tensors' memory (transfer/buddy.py ``view``: no
+copy). At its peak a rank holds::
 
-    2 x shard(p) + shard(r) + (every + 1) x log(p) + log(r)
+    2 x shard(p) + (every + 1) x log(p)
 
 (``need``). The ranks of one host hold theirs in that host's RAM, next to the training itself.
 
@@ -77,7 +78,7 @@ def plan(shard: list[int], log: list[int], avail: list[int], per_host: int, stri
     available RAM (-1: unknown); the predecessor of r is ``r - stride``."""
     world = len(shard)
     per_host = per_host if 0 < per_host <= world and world % per_host == 0 else world
-    need = [2 * shard[(r - stride) % world] + shard[r] + (every + 1) * log[(r - stride) % world] + log[r]
+    need = [2 * shard[(r - stride) % world] + (every + 1) * log[(r - stride) % world]
             for r in range(world)]
     hosts, refusal = [], None
     for first in range(0, world, per_host):
