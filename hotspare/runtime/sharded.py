@@ -14,8 +14,9 @@ Every step (``with step:``), on every rank (docs/SHARDED.md):
 1. As the step's first forward through a tracked FSDP root begins, when a snapshot is due
    (every ``HOTSPARE_SNAPSHOT_EVERY`` steps, default 8): this rank's shards (the local tensors
    of the model and the optimizer state: the state after the last update, unchanged until this
-   step's ``optimizer.step()``) are packed and sent to its buddy in a thread, overlapped with
-   forward and backward; the rank receives its predecessor's.
+   step's ``optimizer.step()``) are checksummed and sent from their own memory to its buddy,
+   over the generation's buddy link (transfer/links.py), in a thread overlapped with forward
+   and backward; the rank receives its predecessor's.
 2. The gate, just before ``optimizer.step()`` (the gradients are reduced and clipped): wait for
    a snapshot in flight; send the buddy the step's final gradient shards and the optimizer's
    hyperparameters (the *log*); receive the predecessor's; then gather every rank's per-rank
@@ -43,6 +44,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.distributed.fsdp import FSDPModule
 
 from hotspare.errors import ConfigError, PeerFailure, StateMismatch
+from hotspare.protocol import auth
 from hotspare.runtime.phase import PauseAgreed
 from hotspare.sharded import fallback, memory
 from hotspare.sharded import replay as rp
@@ -50,7 +52,6 @@ from hotspare.sharded.fsdpreset import reset_fsdp
 from hotspare.sharded.mesh import ShardedMesh
 from hotspare.sharded.pause import PauseVote
 from hotspare.sharded.plan import NONE, BuddyStatus, buddy_of, default_stride
-from hotspare.protocol import auth
 from hotspare.transfer import buddy as wire
 from hotspare.transfer import links
 from hotspare.transfer.buddy import BuddyStore, Packet, Transfer
